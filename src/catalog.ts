@@ -1,0 +1,7 @@
+import type { ServiceModule } from "./server/index.js";
+
+/**
+ * Every capability the `mmgate` executable knows. The config's `services`
+ * list picks which of them a process runs (all, by default).
+ */
+export const catalog: readonly ServiceModule[] = [];

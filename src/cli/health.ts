@@ -1,0 +1,28 @@
+import { Command } from "commander";
+import { createClient } from "@connectrpc/connect";
+import { createGrpcTransport } from "@connectrpc/connect-node";
+import { ConnectError } from "@connectrpc/connect";
+import { Health, HealthCheckResponse_ServingStatus as ServingStatus } from "../../gen/grpc/health/v1/health_pb.js";
+import { addrOption } from "./address.js";
+
+/** Exit codes: 0 SERVING, 1 anything else, 2 the call failed. */
+export function healthCommand(): Command {
+  return new Command("health")
+    .description("check grpc.health.v1 on a server; exits 0 when SERVING")
+    .addOption(addrOption())
+    .option("--service <name>", 'fully qualified service name ("" for the whole server)', "")
+    .option("--timeout <ms>", "deadline for the call", (v) => Number(v), 5000)
+    .action(async (opts: { addr: string; service: string; timeout: number }) => {
+      const client = createClient(Health, createGrpcTransport({ baseUrl: `http://${opts.addr}` }));
+      try {
+        const res = await client.check({ service: opts.service }, { timeoutMs: opts.timeout });
+        const name = ServingStatus[res.status] ?? String(res.status);
+        process.stdout.write(`${name}\n`);
+        process.exitCode = res.status === ServingStatus.SERVING ? 0 : 1;
+      } catch (err) {
+        const e = ConnectError.from(err);
+        process.stderr.write(`mmgate health: ${e.message}\n`);
+        process.exitCode = 2;
+      }
+    });
+}

@@ -1,0 +1,22 @@
+import { Command } from "commander";
+import { version } from "../version.js";
+import { healthCommand } from "./health.js";
+import { serveCommand } from "./serve.js";
+
+export function program(): Command {
+  const root = new Command("mmgate")
+    .description("gRPC services for the hops of a multimodal LLM and image serving stack")
+    .version(version, "-V, --version")
+    .showHelpAfterError()
+    .enablePositionalOptions();
+  root.addCommand(serveCommand());
+  root.addCommand(healthCommand());
+  root.addCommand(
+    new Command("version").description("print the version").action(() => {
+      process.stdout.write(`mmgate ${version} (node ${process.version})\n`);
+    }),
+  );
+  return root;
+}
+
+await program().parseAsync(process.argv);

@@ -1,0 +1,65 @@
+import { Command, InvalidArgumentError, Option } from "commander";
+import { pino } from "pino";
+import { catalog } from "../catalog.js";
+import { ConfigError, loadConfig, parseScalar, redactedConfig, startHost } from "../server/index.js";
+import { version } from "../version.js";
+
+interface ServeOptions {
+  config?: string;
+  listen?: string;
+  adminListen?: string;
+  services?: string;
+  logLevel?: string;
+  set: Record<string, unknown>;
+  printConfig?: boolean;
+}
+
+function collectSet(value: string, previous: Record<string, unknown>): Record<string, unknown> {
+  const eq = value.indexOf("=");
+  if (eq <= 0) throw new InvalidArgumentError("expected KEY=VALUE, e.g. limits.maxConcurrentStreams=200");
+  return { ...previous, [value.slice(0, eq)]: parseScalar(value.slice(eq + 1)) };
+}
+
+export function serveCommand(): Command {
+  return new Command("serve")
+    .description("serve every configured service on one listener (embedded defaults without a config file)")
+    .addOption(new Option("-c, --config <file>", "JSON or YAML config file").env("MMGATE_CONFIG"))
+    .option("--listen <host:port>", "gRPC listener (default 127.0.0.1:50051)")
+    .option("--admin-listen <host:port>", 'admin HTTP listener for /metrics, /healthz, /readyz ("" turns it off; default 127.0.0.1:9464)')
+    .option("--services <names>", `comma-separated modules to run (known: ${catalog.map((m) => m.name).join(", ") || "none"})`)
+    .option("--log-level <level>", "fatal, error, warn, info, debug, trace or silent")
+    .option("--set <key=value>", "set any config key, e.g. --set shutdown.graceMs=2000 (repeatable)", collectSet, {})
+    .option("--print-config", "print the effective config (secrets redacted) and exit")
+    .action(async (opts: ServeOptions) => {
+      const overrides: Record<string, unknown> = { ...opts.set };
+      if (opts.listen !== undefined) overrides.listen = opts.listen;
+      if (opts.adminListen !== undefined) overrides.adminListen = opts.adminListen;
+      if (opts.services !== undefined) overrides.services = opts.services;
+      if (opts.logLevel !== undefined) overrides["log.level"] = opts.logLevel;
+      let config;
+      try {
+        config = loadConfig({ file: opts.config, env: process.env, overrides }, catalog);
+      } catch (err) {
+        if (err instanceof ConfigError) {
+          process.stderr.write(`mmgate: ${err.message}\n`);
+          process.exit(2);
+        }
+        throw err;
+      }
+      if (opts.printConfig) {
+        process.stdout.write(`${JSON.stringify(redactedConfig(config), null, 2)}\n`);
+        return;
+      }
+      const logger = pino({ level: config.log.level, base: { pid: process.pid }, timestamp: pino.stdTimeFunctions.isoTime });
+      const host = await startHost({ config, modules: catalog, logger, version });
+      const stop = (signal: string) => {
+        logger.info({ signal }, "shutdown requested");
+        void host.shutdown();
+      };
+      process.once("SIGTERM", () => stop("SIGTERM"));
+      process.once("SIGINT", () => stop("SIGINT"));
+      await host.closed;
+      logger.flush();
+      process.exit(0);
+    });
+}

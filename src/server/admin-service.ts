@@ -1,0 +1,52 @@
+import type { JsonObject } from "@bufbuild/protobuf";
+import type { ServiceImpl } from "@connectrpc/connect";
+import { Code, ConnectError } from "@connectrpc/connect";
+import { AdminService } from "../../gen/mmgate/admin/v1/admin_pb.js";
+import type { MmgateConfig } from "./config.js";
+import { redactedConfig } from "./config.js";
+import type { HealthRegistry } from "./health.js";
+import { ServingStatus } from "./health.js";
+
+export interface AdminState {
+  version: string;
+  startedAt: number;
+  config: MmgateConfig;
+  health: HealthRegistry;
+}
+
+/** JSON-safe copy: bigint becomes a decimal string, undefined is dropped. */
+function toJsonObject(value: Record<string, unknown>): JsonObject {
+  return JSON.parse(JSON.stringify(value, (_k, v: unknown) => (typeof v === "bigint" ? v.toString() : v))) as JsonObject;
+}
+
+export { AdminService };
+
+/** mmgate.admin.v1.AdminService over the host's state. */
+export function adminService(state: AdminState): Partial<ServiceImpl<typeof AdminService>> {
+  return {
+    getStatus() {
+      return {
+        version: state.version,
+        uptimeSeconds: (Date.now() - state.startedAt) / 1000,
+        draining: state.health.isDraining,
+        services: state.health
+          .names()
+          .filter((name) => name !== "")
+          .map((name) => ({ name, status: state.health.get(name) ?? ServingStatus.UNKNOWN })),
+      };
+    },
+    getConfig() {
+      return { config: toJsonObject(redactedConfig(state.config)) };
+    },
+    setServingStatus(req) {
+      if (!state.health.has(req.service)) {
+        throw new ConnectError(`unknown service "${req.service}"`, Code.NotFound);
+      }
+      if (state.health.isDraining) {
+        throw new ConnectError("the server is draining; its status cannot change", Code.FailedPrecondition);
+      }
+      state.health.set(req.service, req.serving ? ServingStatus.SERVING : ServingStatus.NOT_SERVING);
+      return { status: state.health.get(req.service) ?? ServingStatus.UNKNOWN };
+    },
+  };
+}

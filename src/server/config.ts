@@ -1,0 +1,240 @@
+import { readFileSync } from "node:fs";
+import { extname } from "node:path";
+import { parse as parseYaml } from "yaml";
+import { z } from "zod";
+import type { ServiceModule } from "./module.js";
+
+const MiB = 1024 * 1024;
+
+/** `HOST:PORT`, `[IPv6]:PORT`; port 0 picks a free port. */
+export const hostPort = z
+  .string()
+  .regex(/^(\[[0-9a-fA-F:.]+\]|[^\s:[\]]+):\d{1,5}$/, "expected HOST:PORT, e.g. 127.0.0.1:50051 or [::1]:50051")
+  .refine((s) => Number(s.slice(s.lastIndexOf(":") + 1)) <= 65535, "port must be 0..65535");
+
+const bytes = (min: number, max: number) => z.number().int().min(min).max(max);
+
+/** Settings of the host itself; each module adds its own section. */
+export const hostConfigSchema = z.strictObject({
+  /** The gRPC / gRPC-Web / Connect listener. */
+  listen: hostPort.default("127.0.0.1:50051"),
+  /** The HTTP/1.1 admin listener (/metrics, /healthz, /readyz); "" turns it off. */
+  adminListen: z.union([hostPort, z.literal("")]).default("127.0.0.1:9464"),
+  /** The address other processes use to reach this one; defaults to the bound listen address. */
+  advertiseAddress: z.string().default(""),
+  tls: z
+    .strictObject({
+      certFile: z.string().default(""),
+      keyFile: z.string().default(""),
+    })
+    .prefault({})
+    .refine((t) => (t.certFile === "") === (t.keyFile === ""), "tls.certFile and tls.keyFile go together"),
+  limits: z
+    .strictObject({
+      /** Largest request message accepted, after decompression. */
+      maxReceiveMessageBytes: bytes(1024, 1024 * MiB).default(8 * MiB),
+      /** Largest response message sent. */
+      maxSendMessageBytes: bytes(1024, 1024 * MiB).default(8 * MiB),
+      /** HTTP/2 streams one connection may have open at once. */
+      maxConcurrentStreams: z.number().int().min(1).max(2 ** 31 - 1).default(1000),
+      /** HTTP/2 initial stream flow-control window (the protocol default is 64 KiB). */
+      streamWindowBytes: bytes(65535, 2 ** 31 - 1).default(4 * MiB),
+      /** HTTP/2 connection flow-control window. */
+      connectionWindowBytes: bytes(65535, 2 ** 31 - 1).default(16 * MiB),
+      /** Upper bound on a client's deadline; 0 means none. */
+      maxTimeoutMs: z.number().int().min(0).default(0),
+    })
+    .prefault({}),
+  auth: z
+    .strictObject({
+      /** Bearer token that mutating and admin methods require; "" disables auth. */
+      token: z.string().refine((t) => t === "" || t.length >= 16, "a token needs at least 16 characters").default(""),
+    })
+    .prefault({}),
+  log: z
+    .strictObject({
+      level: z.enum(["fatal", "error", "warn", "info", "debug", "trace", "silent"]).default("info"),
+    })
+    .prefault({}),
+  shutdown: z
+    .strictObject({
+      /** How long server streams and unary calls get to finish after SIGTERM. */
+      graceMs: z.number().int().min(0).max(600_000).default(10_000),
+    })
+    .prefault({}),
+});
+
+export type HostConfig = z.output<typeof hostConfigSchema>;
+
+/** The whole configuration: host settings, the service list, module sections. */
+export interface MmgateConfig extends HostConfig {
+  /** Names of the modules to run. */
+  services: string[];
+  /** One validated section per known module, keyed by module name. */
+  modules: Record<string, unknown>;
+}
+
+/** Config errors name the offending field and where the value came from. */
+export class ConfigError extends Error {
+  override readonly name = "ConfigError";
+  constructor(
+    message: string,
+    readonly issues: readonly string[] = [],
+  ) {
+    super(issues.length > 0 ? `${message}:\n  ${issues.join("\n  ")}` : message);
+  }
+}
+
+/** Secrets that print-config and GetConfig replace with "<redacted>". */
+const SECRET_PATHS = [["auth", "token"]];
+
+export interface ConfigSources {
+  /** Path of a JSON or YAML file. */
+  file?: string | undefined;
+  /** Environment; MMGATE_* variables override the file. */
+  env?: Record<string, string | undefined>;
+  /** `path.to.key` → value, applied last (from flags). */
+  overrides?: Record<string, unknown>;
+}
+
+/** Env names that map to a nested key directly, as operators expect. */
+const ENV_ALIASES: Record<string, { path: string; raw: boolean }> = {
+  MMGATE_LISTEN: { path: "listen", raw: true },
+  MMGATE_ADMIN_LISTEN: { path: "adminListen", raw: true },
+  MMGATE_ADVERTISE_ADDRESS: { path: "advertiseAddress", raw: true },
+  MMGATE_AUTH_TOKEN: { path: "auth.token", raw: true },
+  MMGATE_LOG_LEVEL: { path: "log.level", raw: true },
+  MMGATE_SERVICES: { path: "services", raw: true },
+  MMGATE_TLS_CERT_FILE: { path: "tls.certFile", raw: true },
+  MMGATE_TLS_KEY_FILE: { path: "tls.keyFile", raw: true },
+};
+
+/** Variables that are not config keys. */
+const ENV_IGNORED = new Set(["MMGATE_CONFIG"]);
+
+/**
+ * `MMGATE_LIMITS__MAX_RECEIVE_MESSAGE_BYTES` → `limits.maxReceiveMessageBytes`:
+ * `__` separates levels, single `_` separates words.
+ */
+export function envNameToPath(name: string): string {
+  return name
+    .slice("MMGATE_".length)
+    .split("__")
+    .map((part) => part.toLowerCase().replace(/_([a-z0-9])/g, (_, c: string) => c.toUpperCase()))
+    .join(".");
+}
+
+/** A value from the environment or a flag: JSON when it parses as JSON, else the string. */
+export function parseScalar(text: string): unknown {
+  try {
+    return JSON.parse(text);
+  } catch {
+    return text;
+  }
+}
+
+function setPath(target: Record<string, unknown>, path: string, value: unknown): void {
+  const keys = path.split(".");
+  let node = target;
+  for (const key of keys.slice(0, -1)) {
+    const next = node[key];
+    if (typeof next !== "object" || next === null || Array.isArray(next)) node[key] = {};
+    node = node[key] as Record<string, unknown>;
+  }
+  node[keys[keys.length - 1]!] = value;
+}
+
+function readConfigFile(file: string): Record<string, unknown> {
+  let text: string;
+  try {
+    text = readFileSync(file, "utf8");
+  } catch (err) {
+    throw new ConfigError(`cannot read config file ${file}: ${(err as Error).message}`);
+  }
+  let parsed: unknown;
+  try {
+    parsed = extname(file) === ".json" ? JSON.parse(text) : parseYaml(text);
+  } catch (err) {
+    throw new ConfigError(`config file ${file} is not valid ${extname(file) === ".json" ? "JSON" : "YAML"}: ${(err as Error).message}`);
+  }
+  if (parsed === null || parsed === undefined) return {};
+  if (typeof parsed !== "object" || Array.isArray(parsed)) throw new ConfigError(`config file ${file} must hold an object`);
+  return parsed as Record<string, unknown>;
+}
+
+/** Gathers the raw (unvalidated) config from file, env and overrides, in that order. */
+export function gatherRawConfig(sources: ConfigSources): Record<string, unknown> {
+  const raw = sources.file ? readConfigFile(sources.file) : {};
+  for (const [name, value] of Object.entries(sources.env ?? {})) {
+    if (!name.startsWith("MMGATE_") || value === undefined || ENV_IGNORED.has(name)) continue;
+    const alias = ENV_ALIASES[name];
+    setPath(raw, alias ? alias.path : envNameToPath(name), alias?.raw ? value : parseScalar(value));
+  }
+  for (const [path, value] of Object.entries(sources.overrides ?? {})) setPath(raw, path, value);
+  return raw;
+}
+
+function formatIssues(error: z.ZodError, prefix: string): string[] {
+  return error.issues.map((issue) => {
+    const path = [prefix, ...issue.path.map(String)].filter((p) => p !== "").join(".");
+    return `${path || "(root)"}: ${issue.message}`;
+  });
+}
+
+/**
+ * Validates the raw config against the host schema and each module's schema.
+ * Every problem is reported, each naming its field.
+ */
+export function resolveConfig(raw: Record<string, unknown>, modules: readonly ServiceModule[]): MmgateConfig {
+  const known = new Map(modules.map((m) => [m.name, m]));
+  const { services: rawServices, ...rest } = raw;
+  const hostRaw: Record<string, unknown> = {};
+  const moduleRaw: Record<string, unknown> = {};
+  for (const [key, value] of Object.entries(rest)) (known.has(key) ? moduleRaw : hostRaw)[key] = value;
+
+  const issues: string[] = [];
+  const host = hostConfigSchema.safeParse(hostRaw);
+  if (!host.success) issues.push(...formatIssues(host.error, ""));
+
+  let services = [...known.keys()];
+  if (rawServices !== undefined) {
+    const list = typeof rawServices === "string" ? rawServices.split(",").map((s) => s.trim()).filter(Boolean) : rawServices;
+    if (!Array.isArray(list) || !list.every((s) => typeof s === "string")) {
+      issues.push("services: expected a list of module names");
+    } else {
+      const unknown = list.filter((s) => !known.has(s));
+      if (unknown.length > 0) issues.push(`services: unknown module ${unknown.map((s) => `"${s}"`).join(", ")} (known: ${[...known.keys()].join(", ")})`);
+      services = [...new Set(list)];
+    }
+  }
+
+  const sections: Record<string, unknown> = {};
+  for (const module of modules) {
+    const parsed = module.configSchema.safeParse(moduleRaw[module.name] ?? {});
+    if (parsed.success) sections[module.name] = parsed.data;
+    else issues.push(...formatIssues(parsed.error, module.name));
+  }
+
+  if (issues.length > 0 || !host.success) throw new ConfigError("invalid configuration", issues);
+  return { ...host.data, services, modules: sections };
+}
+
+/** Loads, merges and validates in one step. */
+export function loadConfig(sources: ConfigSources, modules: readonly ServiceModule[]): MmgateConfig {
+  return resolveConfig(gatherRawConfig(sources), modules);
+}
+
+/** The config as a plain object with secrets redacted, for printing and GetConfig. */
+export function redactedConfig(config: MmgateConfig): Record<string, unknown> {
+  const { modules, ...host } = config;
+  const out = structuredClone({ ...host, ...modules }) as Record<string, unknown>;
+  for (const path of SECRET_PATHS) {
+    let node: unknown = out;
+    for (const key of path.slice(0, -1)) node = (node as Record<string, unknown> | undefined)?.[key];
+    const last = path[path.length - 1]!;
+    if (node && typeof node === "object" && (node as Record<string, unknown>)[last]) {
+      (node as Record<string, unknown>)[last] = "<redacted>";
+    }
+  }
+  return out;
+}

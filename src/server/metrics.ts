@@ -1,0 +1,50 @@
+import { Counter, Histogram, Registry, collectDefaultMetrics } from "prom-client";
+
+export type RpcType = "unary" | "client_stream" | "server_stream" | "bidi_stream" | "unknown";
+
+/**
+ * Per-RPC metrics under the names grpc-ecosystem's server interceptors use,
+ * so existing dashboards work: started, handled (by code) and a latency
+ * histogram (by code). Labels come from the registered method table, never
+ * from the raw request path, so a client cannot grow their cardinality.
+ */
+export class RpcMetrics {
+  readonly registry: Registry;
+  private readonly started: Counter<"grpc_service" | "grpc_method" | "grpc_type">;
+  private readonly handled: Counter<"grpc_service" | "grpc_method" | "grpc_type" | "grpc_code">;
+  private readonly latency: Histogram<"grpc_service" | "grpc_method" | "grpc_type" | "grpc_code">;
+
+  constructor(registry = new Registry()) {
+    this.registry = registry;
+    collectDefaultMetrics({ register: registry });
+    this.started = new Counter({
+      name: "grpc_server_started_total",
+      help: "RPCs started on the server.",
+      labelNames: ["grpc_service", "grpc_method", "grpc_type"],
+      registers: [registry],
+    });
+    this.handled = new Counter({
+      name: "grpc_server_handled_total",
+      help: "RPCs completed on the server, by status code.",
+      labelNames: ["grpc_service", "grpc_method", "grpc_type", "grpc_code"],
+      registers: [registry],
+    });
+    this.latency = new Histogram({
+      name: "grpc_server_handling_seconds",
+      help: "Time from the request's arrival to its last byte, by status code.",
+      labelNames: ["grpc_service", "grpc_method", "grpc_type", "grpc_code"],
+      buckets: [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60],
+      registers: [registry],
+    });
+  }
+
+  rpcStarted(service: string, method: string, type: RpcType): void {
+    this.started.inc({ grpc_service: service, grpc_method: method, grpc_type: type });
+  }
+
+  rpcHandled(service: string, method: string, type: RpcType, code: string, seconds: number): void {
+    const labels = { grpc_service: service, grpc_method: method, grpc_type: type, grpc_code: code };
+    this.handled.inc(labels);
+    this.latency.observe(labels, seconds);
+  }
+}

@@ -1,0 +1,157 @@
+import type { IncomingHttpHeaders, IncomingMessage, ServerResponse } from "node:http";
+import type { Http2ServerRequest, Http2ServerResponse } from "node:http2";
+import { randomUUID } from "node:crypto";
+import type { DescMethod } from "@bufbuild/protobuf";
+import { Code, ConnectError, createContextKey } from "@connectrpc/connect";
+import type { Interceptor } from "@connectrpc/connect";
+import { codeFromHttpStatus, codeToString } from "@connectrpc/connect/protocol-connect";
+import type { Logger } from "pino";
+import type { RpcMetrics, RpcType } from "./metrics.js";
+
+/** What the host learns about one RPC while it runs. */
+export interface RpcRecord {
+  readonly requestId: string;
+  readonly service: string;
+  readonly method: string;
+  readonly type: RpcType;
+  /** Set by the interceptor when the handler (or the host) decides the status. */
+  code?: Code;
+}
+
+export const rpcRecordKey = createContextKey<RpcRecord | undefined>(undefined, { description: "mmgate rpc record" });
+
+const REQUEST_ID = /^[A-Za-z0-9._:@/+=-]{1,128}$/;
+
+/** A client's x-request-id when it is sane, else a fresh one. */
+export function requestIdFrom(headers: IncomingHttpHeaders): string {
+  const given = headers["x-request-id"];
+  return typeof given === "string" && REQUEST_ID.test(given) ? given : randomUUID();
+}
+
+/** "RESOURCE_EXHAUSTED" style names, as grpc-status documentation spells them. */
+export function codeName(code: Code | 0): string {
+  return code === 0 ? "OK" : codeToString(code).toUpperCase();
+}
+
+function rpcType(method: DescMethod): RpcType {
+  switch (method.methodKind) {
+    case "unary":
+      return "unary";
+    case "server_streaming":
+      return "server_stream";
+    case "client_streaming":
+      return "client_stream";
+    case "bidi_streaming":
+      return "bidi_stream";
+  }
+}
+
+type NodeReq = Http2ServerRequest | IncomingMessage;
+type NodeRes = Http2ServerResponse | ServerResponse;
+
+/**
+ * Observes every request at the HTTP level, so that requests which never
+ * reach a handler (unknown methods, oversized or malformed messages) are
+ * logged and counted too. The status comes from the interceptor when it saw
+ * one, else from the gRPC trailers, else from the HTTP status.
+ */
+export class RpcObserver {
+  private readonly methods = new Map<string, { service: string; method: string; type: RpcType }>();
+  private readonly records = new WeakMap<object, RpcRecord>();
+
+  constructor(
+    private readonly logger: Logger,
+    private readonly metrics: RpcMetrics,
+  ) {}
+
+  register(methods: Iterable<DescMethod>): void {
+    for (const m of methods) {
+      this.methods.set(`/${m.parent.typeName}/${m.name}`, { service: m.parent.typeName, method: m.name, type: rpcType(m) });
+    }
+  }
+
+  /** Starts observing; returns the record the connect handler will see. */
+  begin(req: NodeReq, res: NodeRes): RpcRecord {
+    const started = performance.now();
+    const path = (req.url ?? "").split("?", 1)[0] ?? "";
+    const known = this.methods.get(path);
+    const record: RpcRecord = {
+      requestId: requestIdFrom(req.headers),
+      service: known?.service ?? "unknown",
+      method: known?.method ?? "unknown",
+      type: known?.type ?? "unknown",
+    };
+    this.records.set(req, record);
+    res.setHeader("x-request-id", record.requestId);
+    this.metrics.rpcStarted(record.service, record.method, record.type);
+
+    let trailerStatus: string | undefined;
+    // connect-node reports the gRPC status in the trailers it adds.
+    const addTrailers = res.addTrailers.bind(res) as (headers: Record<string, unknown>) => void;
+    (res as { addTrailers: (headers: Record<string, unknown>) => void }).addTrailers = (headers) => {
+      const status = headers["grpc-status"];
+      if (typeof status === "string") trailerStatus = status;
+      addTrailers(headers);
+    };
+
+    let done = false;
+    const finish = (closedEarly: boolean) => {
+      if (done) return;
+      done = true;
+      let code: Code | 0;
+      if (record.code !== undefined) code = record.code;
+      else if (trailerStatus !== undefined) code = Number(trailerStatus) as Code | 0;
+      else if (typeof res.getHeader("grpc-status") === "string") code = Number(res.getHeader("grpc-status")) as Code | 0;
+      else if (closedEarly) code = Code.Canceled;
+      else code = res.statusCode === 200 ? 0 : codeFromHttpStatus(res.statusCode);
+      const seconds = (performance.now() - started) / 1000;
+      const name = codeName(code);
+      this.metrics.rpcHandled(record.service, record.method, record.type, name, seconds);
+      this.logger.info(
+        {
+          service: record.service,
+          method: record.service === "unknown" ? path.slice(0, 200) : record.method,
+          code: name,
+          durationMs: Math.round(seconds * 1e6) / 1e3,
+          requestId: record.requestId,
+        },
+        "rpc finished",
+      );
+    };
+    res.once("finish", () => finish(false));
+    res.once("close", () => finish(!res.writableFinished));
+    return record;
+  }
+
+  recordFor(req: NodeReq): RpcRecord | undefined {
+    return this.records.get(req);
+  }
+}
+
+/** Records the handler's status for the observer, for unary and streaming responses. */
+export const recordStatusInterceptor: Interceptor = (next) => async (req) => {
+  const record = req.contextValues.get(rpcRecordKey);
+  try {
+    const res = await next(req);
+    if (!res.stream || !record) {
+      if (record) record.code ??= 0 as Code;
+      return res;
+    }
+    const inner = res.message;
+    return {
+      ...res,
+      message: (async function* () {
+        try {
+          yield* inner;
+          record.code ??= 0 as Code;
+        } catch (err) {
+          record.code ??= ConnectError.from(err).code;
+          throw err;
+        }
+      })(),
+    };
+  } catch (err) {
+    if (record) record.code ??= ConnectError.from(err).code;
+    throw err;
+  }
+};
