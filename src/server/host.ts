@@ -71,21 +71,30 @@ function closeServer(server: { close(cb: (err?: Error) => void): unknown }): Pro
   return new Promise((resolve) => server.close(() => resolve()));
 }
 
-/** gRPC clients expect a gRPC status for an unknown method, not an HTTP 404. */
+/**
+ * gRPC clients expect a gRPC status for an unknown method, not an HTTP 404:
+ * a trailers-only response, sent once the request body has been read (a
+ * response that ends before the request does is seen as a reset stream).
+ */
 function unknownMethod(req: NodeReq, res: NodeRes): void {
   const path = (req.url ?? "").split("?", 1)[0] ?? "";
   const message = `unknown method ${path.slice(0, 200)}`;
-  if ((req.headers["content-type"] ?? "").startsWith("application/grpc")) {
-    res.writeHead(200, {
-      "content-type": req.headers["content-type"] ?? "application/grpc",
-      "grpc-status": String(Code.Unimplemented),
-      "grpc-message": encodeURIComponent(message),
-    });
-    res.end();
-    return;
-  }
-  res.writeHead(404, { "content-type": "application/json" });
-  res.end(JSON.stringify({ code: "unimplemented", message }));
+  const contentType = req.headers["content-type"] ?? "";
+  req.resume();
+  req.once("end", () => {
+    if (contentType.startsWith("application/grpc")) {
+      const headers = {
+        "content-type": contentType,
+        "grpc-status": String(Code.Unimplemented),
+        "grpc-message": encodeURIComponent(message),
+      };
+      if ("stream" in res) res.stream.respond({ ":status": 200, ...headers }, { endStream: true });
+      else res.writeHead(200, headers).end();
+      return;
+    }
+    res.writeHead(404, { "content-type": "application/json" });
+    res.end(JSON.stringify({ code: "unimplemented", message }));
+  });
 }
 
 /** Refuses new RPCs once the server drains; health stays reachable so probes see NOT_SERVING. */
@@ -196,7 +205,11 @@ export async function startHost(options: HostOptions): Promise<Host> {
       observer.register(methods);
     },
     contextValues: (req) => createContextValues().set(rpcRecordKey, observer.recordFor(req)),
-    fallback: (req, res) => unknownMethod(req, res as unknown as NodeRes),
+    fallback: (req, res) => {
+      const record = observer.recordFor(req);
+      if (record) record.code = Code.Unimplemented;
+      unknownMethod(req, res as unknown as NodeRes);
+    },
   });
   handle = (req, res) => {
     observer.begin(req, res);

@@ -1,0 +1,72 @@
+import { execFileSync } from "node:child_process";
+import { mkdtempSync, readFileSync } from "node:fs";
+import { request } from "node:https";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { createClient } from "@connectrpc/connect";
+import { createGrpcTransport } from "@connectrpc/connect-node";
+import * as grpc from "@grpc/grpc-js";
+import { expect } from "chai";
+import { AdminService } from "../../gen/mmgate/admin/v1/admin_pb.js";
+import type { InProcessServer } from "../support/server.js";
+import { grpcJsClient, grpcUnary, startServer } from "../support/server.js";
+
+/** A self-signed certificate for 127.0.0.1, made with the system's openssl. */
+function selfSigned(): { certFile: string; keyFile: string } {
+  const dir = mkdtempSync(join(tmpdir(), "mmgate-tls-"));
+  const certFile = join(dir, "cert.pem");
+  const keyFile = join(dir, "key.pem");
+  execFileSync("openssl", [
+    "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1",
+    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+    "-keyout", keyFile, "-out", certFile,
+  ], { stdio: "ignore" });
+  return { certFile, keyFile };
+}
+
+describe("TLS", () => {
+  let server: InProcessServer;
+  let ca: Buffer;
+  before(async function () {
+    try {
+      execFileSync("openssl", ["version"], { stdio: "ignore" });
+    } catch {
+      this.skip();
+    }
+    const tls = selfSigned();
+    ca = readFileSync(tls.certFile);
+    server = await startServer({ config: { tls } });
+  });
+  after(() => server?.close());
+
+  it("serves gRPC over TLS to grpc-js and connect clients", async () => {
+    const client = grpcJsClientTls(server.addr, ca);
+    const res = await grpcUnary<{ version: string }>(client, "GetStatus", {});
+    client.close();
+    expect(res.version).to.equal("test");
+    const viaConnect = createClient(AdminService, createGrpcTransport({ baseUrl: `https://${server.addr}`, nodeOptions: { ca } }));
+    expect((await viaConnect.getStatus({})).version).to.equal("test");
+  });
+
+  it("accepts HTTP/1.1 Connect unary calls on the same port", async () => {
+    const body = await new Promise<string>((resolve, reject) => {
+      const req = request(
+        `https://${server.addr}/mmgate.admin.v1.AdminService/GetStatus`,
+        { method: "POST", ca, headers: { "content-type": "application/json" } },
+        (res) => {
+          let text = "";
+          res.setEncoding("utf8");
+          res.on("data", (c: string) => (text += c));
+          res.on("end", () => (res.statusCode === 200 ? resolve(text) : reject(new Error(`${res.statusCode} ${text}`))));
+        },
+      );
+      req.on("error", reject);
+      req.end("{}");
+    });
+    expect(JSON.parse(body)).to.include({ version: "test" });
+  });
+});
+
+function grpcJsClientTls(addr: string, ca: Buffer) {
+  return grpcJsClient(addr, "mmgate/admin/v1/admin.proto", "mmgate.admin.v1.AdminService", undefined, grpc.credentials.createSsl(ca));
+}
