@@ -1,0 +1,70 @@
+import ipaddr from "ipaddr.js";
+import { z } from "zod";
+import { DEFAULT_MAX_ALLOC, type ImageDecoderLimits } from "./image-decoder.js";
+import type { FetchPolicy } from "./fetcher.js";
+
+const KiB = 1024;
+const MiB = 1024 * KiB;
+const GiB = 1024 * MiB;
+
+const cidr = z.string().refine((s) => ipaddr.isValidCIDR(s), "expected a CIDR network such as 127.0.0.1/32");
+
+/** The `media` config section; every field has a default, so `{}` parses. */
+export const mediaConfigSchema = z.strictObject({
+  decoder: z
+    .strictObject({
+      /** Widest accepted image in pixels; null for no limit. */
+      maxImageWidth: z.number().int().min(1).nullable().default(null),
+      /** Tallest accepted image in pixels; null for no limit. */
+      maxImageHeight: z.number().int().min(1).nullable().default(null),
+      /** Largest decoded tensor, W·H·C bytes (the reference's default, 128 MiB). */
+      maxAlloc: z.number().int().min(1).max(16 * GiB).default(DEFAULT_MAX_ALLOC),
+      /** Decodes running at once; more wait (bounded by their deadline). */
+      maxConcurrentDecodes: z.number().int().min(1).max(256).default(4),
+    })
+    .prefault({}),
+  fetch: z
+    .strictObject({
+      allowDirectIp: z.boolean().default(false),
+      allowDirectPort: z.boolean().default(false),
+      /** Turns off the blocked host names and IP networks (the reference's allow_private_ips). */
+      allowPrivateIps: z.boolean().default(false),
+      /** Networks exempt from the blocked IP networks, e.g. ["127.0.0.1/32"] for a local media server. */
+      allowedIpNetworks: z.array(cidr).default([]),
+      /** When set, the only hosts that may be fetched (exact match). */
+      allowedMediaDomains: z.array(z.string().min(1)).nullable().default(null),
+      /** One deadline for the whole fetch, redirects and body included. */
+      timeoutMs: z.number().int().min(1).max(600_000).default(30_000),
+      /** Largest body (or decoded data URL) accepted. */
+      maxBodyBytes: z.number().int().min(1).max(4 * GiB).default(64 * MiB),
+      maxRedirects: z.number().int().min(0).max(20).default(3),
+      userAgent: z.string().min(1).default("mmgate-media-fetcher"),
+    })
+    .prefault({}),
+  store: z
+    .strictObject({
+      /** Byte budget of decoded tensors awaiting their receiver (LRU beyond it). */
+      maxBytes: z.number().int().min(1).max(256 * GiB).default(1 * GiB),
+      /** Lifetime of an unreleased tensor. */
+      ttlMs: z.number().int().min(1).max(86_400_000).default(120_000),
+    })
+    .prefault({}),
+  /** Largest tensor Decode returns inline when return_pixels is set. */
+  maxInlinePixelBytes: z.number().int().min(0).max(1 * GiB).default(4 * MiB),
+  /** ReadTensor chunk size. */
+  readChunkBytes: z.number().int().min(4 * KiB).max(4 * MiB).default(1 * MiB),
+});
+
+export type MediaConfig = z.output<typeof mediaConfigSchema>;
+
+export function decoderLimits(config: MediaConfig): ImageDecoderLimits {
+  return {
+    maxImageWidth: config.decoder.maxImageWidth,
+    maxImageHeight: config.decoder.maxImageHeight,
+    maxAlloc: config.decoder.maxAlloc,
+  };
+}
+
+export function fetchPolicy(config: MediaConfig): FetchPolicy {
+  return { ...config.fetch };
+}

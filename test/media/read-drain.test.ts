@@ -1,0 +1,77 @@
+import { expect } from "chai";
+import { create } from "@bufbuild/protobuf";
+import type { HandlerContext } from "@connectrpc/connect";
+import { ReadTensorRequestSchema } from "../../gen/mmgate/media/v1/media_pb.js";
+import { mediaConfigSchema } from "../../src/media/config.js";
+import { createMediaService } from "../../src/media/service.js";
+import { TensorStore } from "../../src/media/tensor-store.js";
+import { Semaphore } from "../../src/media/semaphore.js";
+
+function fakeContext(signal: AbortSignal): HandlerContext {
+  return { signal } as unknown as HandlerContext;
+}
+
+describe("ReadTensor stream ending", () => {
+  const config = mediaConfigSchema.parse({ readChunkBytes: 4096 });
+  const store = new TensorStore({ maxBytes: 1 << 20, ttlMs: 60_000 });
+  const handle = store.put(new Uint8Array(10 * 4096), { shape: [10 * 4096], dtype: "UINT8", metadata: null }, null);
+
+  async function collect(drain: AbortController, client: AbortController, stopAfter: number, which: "drain" | "client") {
+    const service = createMediaService({ config, store, nixlMetadata: "b64:", drainSignal: drain.signal });
+    const chunks: number[] = [];
+    for await (const msg of service.readTensor(create(ReadTensorRequestSchema, { handle }), fakeContext(client.signal))) {
+      chunks.push(msg.data.length);
+      if (chunks.length === stopAfter) (which === "drain" ? drain : client).abort();
+    }
+    return chunks;
+  }
+
+  it("ends cleanly after the current chunk when the server drains", async () => {
+    expect(await collect(new AbortController(), new AbortController(), 3, "drain")).to.deep.equal([4096, 4096, 4096]);
+  });
+
+  it("stops when the client goes away", async () => {
+    expect(await collect(new AbortController(), new AbortController(), 2, "client")).to.have.length(2);
+  });
+
+  it("streams everything otherwise", async () => {
+    expect(await collect(new AbortController(), new AbortController(), -1, "client")).to.have.length(10);
+  });
+});
+
+describe("config and decode slots", () => {
+  it("parses {} to the documented defaults", () => {
+    const c = mediaConfigSchema.parse({});
+    expect(c.decoder).to.deep.equal({ maxImageWidth: null, maxImageHeight: null, maxAlloc: 134217728, maxConcurrentDecodes: 4 });
+    expect(c.fetch).to.deep.equal({
+      allowDirectIp: false,
+      allowDirectPort: false,
+      allowPrivateIps: false,
+      allowedIpNetworks: [],
+      allowedMediaDomains: null,
+      timeoutMs: 30_000,
+      maxBodyBytes: 64 * 1024 * 1024,
+      maxRedirects: 3,
+      userAgent: "mmgate-media-fetcher",
+    });
+    expect(c.store).to.deep.equal({ maxBytes: 1024 ** 3, ttlMs: 120_000 });
+    expect(c.maxInlinePixelBytes).to.equal(4 * 1024 * 1024);
+    expect(c.readChunkBytes).to.equal(1024 * 1024);
+    expect(() => mediaConfigSchema.parse({ fetch: { allowedIpNetworks: ["nope"] } })).to.throw();
+    expect(() => mediaConfigSchema.parse({ unknownKey: 1 })).to.throw();
+  });
+
+  it("queues decodes beyond the limit and lets a waiter give up", async () => {
+    const slots = new Semaphore(1);
+    const release = await slots.acquire();
+    const giveUp = new AbortController();
+    const waiting = slots.acquire(giveUp.signal);
+    giveUp.abort(new Error("deadline"));
+    let rejected = false;
+    await waiting.catch(() => (rejected = true));
+    expect(rejected).to.equal(true);
+    const next = slots.acquire();
+    release();
+    (await next)();
+  });
+});
