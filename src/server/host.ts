@@ -1,3 +1,4 @@
+import { setMaxListeners } from "node:events";
 import { readFileSync } from "node:fs";
 import type { Server as HttpServer, IncomingMessage, ServerResponse } from "node:http";
 import * as http2 from "node:http2";
@@ -120,6 +121,8 @@ export async function startHost(options: HostOptions): Promise<Host> {
   const observer = new RpcObserver(logger, metrics);
   const drainController = new AbortController();
   const abortController = new AbortController();
+  // Every open call listens on these two: they legitimately have thousands.
+  setMaxListeners(0, drainController.signal, abortController.signal);
 
   const tls = config.tls.certFile !== "";
   const settings: http2.Settings = {
