@@ -58,7 +58,8 @@ export function decodeNixlMetadata(encoded: string): Uint8Array {
   return pako.inflate(Buffer.from(body, "base64"));
 }
 
-function metadataJson(metadata: DecodedMediaMetadata | null): string {
+/** The reference's serde JSON of decoded-media metadata (externally tagged). */
+export function metadataJson(metadata: DecodedMediaMetadata | null): string {
   if (metadata === null) return "null";
   if (isImageMetadata(metadata)) {
     const m = metadata.Image;

@@ -1,0 +1,228 @@
+import { readFile } from "node:fs/promises";
+import { Command, InvalidArgumentError, Option } from "commander";
+import { ConnectError, createClient } from "@connectrpc/connect";
+import { createGrpcTransport } from "@connectrpc/connect-node";
+import { MediaService, type TensorInfo } from "../../gen/mmgate/media/v1/media_pb.js";
+import { addrOption } from "../cli/address.js";
+import { decoderLimits, fetchPolicy, mediaConfigSchema } from "./config.js";
+import { metadataJson } from "./descriptor.js";
+import { MediaError } from "./errors.js";
+import { fetchMedia } from "./fetcher.js";
+import { canonicalContentHash, formatContentHashKey, videoContentHash } from "./hash.js";
+import { decodeImage } from "./image-decoder.js";
+import type { DecodedMediaMetadata, MediaTensorInfo, VideoMetadata } from "./tensor.js";
+import { validateVideoMetadata, videoDimensionsFromParts } from "./video.js";
+
+/** The facts both subcommands print. */
+interface Facts {
+  readonly shape?: readonly bigint[];
+  readonly dtype?: string;
+  readonly metadata?: DecodedMediaMetadata | null;
+  readonly sizeBytes?: bigint;
+  readonly contentHash: bigint | null;
+  readonly handle?: bigint;
+  readonly descriptorJson?: string;
+}
+
+/** JSON with u64 values as decimal strings; metadata exactly as the reference serializes it. */
+function factsJson(f: Facts): string {
+  const METADATA = "\u0000metadata\u0000";
+  const out: Record<string, unknown> = {};
+  if (f.shape) out["shape"] = f.shape.map(String);
+  if (f.dtype) out["dtype"] = f.dtype;
+  if (f.metadata !== undefined) out["metadata"] = METADATA;
+  if (f.sizeBytes !== undefined) out["size_bytes"] = String(f.sizeBytes);
+  out["content_hash"] = f.contentHash === null ? null : String(f.contentHash);
+  out["content_hash_key"] = f.contentHash === null ? null : formatContentHashKey(f.contentHash);
+  if (f.handle !== undefined && f.handle !== 0n) out["handle"] = String(f.handle);
+  if (f.descriptorJson) out["descriptor_json"] = f.descriptorJson;
+  return JSON.stringify(out).replace(JSON.stringify(METADATA), metadataJson(f.metadata ?? null));
+}
+
+function factsText(f: Facts): string {
+  const rows: [string, string][] = [];
+  if (f.shape) rows.push(["shape", `[${f.shape.join(", ")}]`]);
+  if (f.dtype) rows.push(["dtype", f.dtype]);
+  if (f.metadata !== undefined) rows.push(["metadata", metadataJson(f.metadata)]);
+  if (f.sizeBytes !== undefined) rows.push(["size_bytes", String(f.sizeBytes)]);
+  rows.push(["content_hash", f.contentHash === null ? "(none: empty payload)" : String(f.contentHash)]);
+  if (f.contentHash !== null) rows.push(["content_hash_key", formatContentHashKey(f.contentHash)]);
+  if (f.handle !== undefined && f.handle !== 0n) rows.push(["handle", String(f.handle)]);
+  if (f.descriptorJson) rows.push(["descriptor", f.descriptorJson]);
+  return rows.map(([k, v]) => `${k.padEnd(17)}${v}`).join("\n");
+}
+
+function print(f: Facts, json: boolean): void {
+  process.stdout.write(`${json ? factsJson(f) : factsText(f)}\n`);
+}
+
+function fail(error: unknown): void {
+  const message = error instanceof ConnectError ? error.rawMessage : error instanceof Error ? error.message : String(error);
+  process.stderr.write(`mmgate media: ${message}\n`);
+  process.exitCode = 1;
+}
+
+function metadataFromProto(info: TensorInfo | undefined): DecodedMediaMetadata | null {
+  const m = info?.metadata;
+  if (m?.case === "image") {
+    return { Image: { format: (m.value.format || null) as never, color_type: m.value.colorType as never, layout: "HWC" } };
+  }
+  if (m?.case === "video") {
+    const v = m.value;
+    return {
+      Video: {
+        source_fps: v.sourceFps,
+        source_duration: v.sourceDuration,
+        sampled_timestamps: v.sampledTimestamps,
+        ...(v.sourceTotalFrames !== undefined ? { source_total_frames: Number(v.sourceTotalFrames) } : {}),
+        ...(v.framesIndices !== undefined ? { frames_indices: v.framesIndices.values.map(Number) } : {}),
+      },
+    };
+  }
+  return null;
+}
+
+const isUrl = (s: string): boolean => /^(https?|data):/i.test(s);
+
+interface DecodeOpts {
+  addr: string;
+  local?: boolean;
+  json?: boolean;
+  forceRgb?: boolean;
+  exif?: boolean;
+  store?: boolean;
+}
+
+async function decodeLocally(source: string, opts: DecodeOpts): Promise<Facts> {
+  const config = mediaConfigSchema.parse({});
+  const bytes = isUrl(source) ? await fetchMedia(source, fetchPolicy(config)) : new Uint8Array(await readFile(source));
+  const d = await decodeImage(bytes, decoderLimits(config), { forceRgb: opts.forceRgb === true, applyExifOrientation: opts.exif === true });
+  return {
+    shape: d.tensorInfo.shape.map((n) => BigInt(n)),
+    dtype: d.tensorInfo.dtype,
+    metadata: d.tensorInfo.metadata,
+    sizeBytes: BigInt(d.data.length),
+    contentHash: d.contentHash,
+  };
+}
+
+async function decodeRemotely(source: string, opts: DecodeOpts): Promise<Facts> {
+  const client = createClient(MediaService, createGrpcTransport({ baseUrl: `http://${opts.addr}` }));
+  const res = await client.decode({
+    source: isUrl(source) ? { case: "url", value: source } : { case: "data", value: new Uint8Array(await readFile(source)) },
+    options: { forceRgb: opts.forceRgb === true, applyExifOrientation: opts.exif === true, skipStore: opts.store !== true },
+  });
+  return {
+    shape: res.tensorInfo?.shape ?? [],
+    dtype: "UINT8",
+    metadata: metadataFromProto(res.tensorInfo),
+    sizeBytes: res.sizeBytes,
+    contentHash: res.contentHash ?? null,
+    handle: res.handle,
+    descriptorJson: res.descriptorJson,
+  };
+}
+
+function parseShape(value: string): number[] {
+  const dims = value.split(",").map((s) => s.trim());
+  if (dims.some((d) => !/^\d+$/.test(d))) throw new InvalidArgumentError("expected comma-separated dimensions, e.g. 1,2,3");
+  return dims.map(Number);
+}
+
+function parseHex(value: string): Uint8Array {
+  const clean = value.replace(/^0x/i, "").replace(/\s+/g, "");
+  if (clean.length % 2 !== 0 || !/^[0-9a-fA-F]*$/.test(clean)) throw new InvalidArgumentError("expected an even number of hex digits");
+  return new Uint8Array(Buffer.from(clean, "hex"));
+}
+
+function parseVideoMetadata(value: string): VideoMetadata {
+  let raw: unknown;
+  try {
+    raw = JSON.parse(value);
+  } catch {
+    throw new InvalidArgumentError("expected JSON");
+  }
+  const r = raw as Record<string, unknown>;
+  const nums = (v: unknown) => Array.isArray(v) && v.every((x) => typeof x === "number");
+  if (typeof r["source_fps"] !== "number" || typeof r["source_duration"] !== "number" || !nums(r["sampled_timestamps"])) {
+    throw new InvalidArgumentError("expected {source_fps, source_duration, sampled_timestamps[, source_total_frames, frames_indices]}");
+  }
+  if (r["source_total_frames"] !== undefined && typeof r["source_total_frames"] !== "number") {
+    throw new InvalidArgumentError("source_total_frames must be a number");
+  }
+  if (r["frames_indices"] !== undefined && !nums(r["frames_indices"])) throw new InvalidArgumentError("frames_indices must be numbers");
+  return {
+    source_fps: r["source_fps"],
+    source_duration: r["source_duration"],
+    sampled_timestamps: r["sampled_timestamps"] as number[],
+    ...(r["source_total_frames"] !== undefined ? { source_total_frames: r["source_total_frames"] as number } : {}),
+    ...(r["frames_indices"] !== undefined ? { frames_indices: r["frames_indices"] as number[] } : {}),
+  };
+}
+
+interface HashOpts {
+  shape: number[];
+  hex?: Uint8Array;
+  file?: string;
+  videoMetadata?: VideoMetadata;
+  json?: boolean;
+}
+
+/** The canonical hash computed in this process, as HashTensor computes it. */
+export async function hashFacts(opts: HashOpts): Promise<Facts> {
+  const bytes = opts.hex ?? (opts.file ? new Uint8Array(await readFile(opts.file)) : new Uint8Array(0));
+  const shape = opts.shape;
+  if (opts.videoMetadata) {
+    validateVideoMetadata(opts.videoMetadata);
+    const info: MediaTensorInfo = { shape, dtype: "UINT8", metadata: { Video: opts.videoMetadata } };
+    if (bytes.length === 0) return { shape: shape.map((n) => BigInt(n)), dtype: "UINT8", contentHash: null };
+    videoDimensionsFromParts(info, bytes);
+    return { shape: shape.map((n) => BigInt(n)), dtype: "UINT8", metadata: info.metadata, contentHash: videoContentHash(info, bytes) };
+  }
+  const expected = shape.reduce((n, d) => n * BigInt(d), 1n);
+  if (bytes.length > 0 && expected !== BigInt(bytes.length)) {
+    throw new MediaError("TENSOR_INVALID", `tensor payload has ${bytes.length} bytes, shape [${shape.join(", ")}] needs ${expected}`);
+  }
+  return { shape: shape.map((n) => BigInt(n)), dtype: "UINT8", contentHash: canonicalContentHash(shape, "UINT8", bytes) };
+}
+
+/** `mmgate media decode|hash`. */
+export function mediaCommand(): Command {
+  const media = new Command("media").description("decode images to tensors and compute canonical content hashes");
+
+  media
+    .command("decode")
+    .description("decode an image file or URL; by default on the server at --addr, or in this process with --local")
+    .argument("<file|url>", "image file, or an http(s) or data URL")
+    .addOption(addrOption())
+    .option("--local", "decode in this process with the default limits and URL policy")
+    .option("--json", "print one JSON object (u64 values as decimal strings)")
+    .option("--force-rgb", "always three channels")
+    .option("--exif", "apply the EXIF orientation")
+    .option("--store", "keep the tensor in the server's store and print its handle and descriptor")
+    .action(async (source: string, opts: DecodeOpts) => {
+      try {
+        print(opts.local ? await decodeLocally(source, opts) : await decodeRemotely(source, opts), opts.json === true);
+      } catch (error) {
+        fail(error);
+      }
+    });
+
+  media
+    .command("hash")
+    .description("compute the canonical XXH3-64 content hash of a uint8 tensor (in this process)")
+    .requiredOption("--shape <dims>", "comma-separated dimensions, e.g. 1,2,3", parseShape)
+    .addOption(new Option("--hex <bytes>", "tensor bytes as hex").argParser(parseHex).conflicts("file"))
+    .option("--file <path>", "tensor bytes from a file")
+    .option("--video-metadata <json>", "hash as a video with this VideoMetadata JSON", parseVideoMetadata)
+    .option("--json", "print one JSON object (u64 values as decimal strings)")
+    .action(async (opts: HashOpts) => {
+      try {
+        print(await hashFacts(opts), opts.json === true);
+      } catch (error) {
+        fail(error);
+      }
+    });
+
+  return media;
+}
