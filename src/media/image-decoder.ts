@@ -146,10 +146,12 @@ async function decodePixels(
   // Second fence: libvips refuses more input pixels than the budget allows.
   const maxPixels = Math.max(1, Math.floor(limits.maxAlloc / Math.max(1, channels)));
   let pipeline = sharp(bytes, { limitInputPixels: maxPixels, autoOrient: applyOrientation, pages: 1, page: 0 });
+  // sharp writes sRGB by default (grey is replicated into R, G, B), so only
+  // grey output needs an explicit colourspace; an explicit sRGB conversion
+  // would cost a pass for nothing.
   if (channels === 1) pipeline = pipeline.toColourspace("b-w");
-  else if (channels === 2) pipeline = pipeline.ensureAlpha().toColourspace("srgb");
-  else if (channels === 3) pipeline = pipeline.removeAlpha().toColourspace("srgb");
-  else pipeline = pipeline.ensureAlpha().toColourspace("srgb");
+  else if (channels === 3) pipeline = pipeline.removeAlpha();
+  else pipeline = pipeline.ensureAlpha();
 
   let result: { data: Buffer; info: OutputInfo };
   try {
