@@ -50,7 +50,7 @@ for (const size of [1 * MiB, 24 * MiB]) {
 
 console.log("\n# decode 2048x2048 to uint8 HWC (decodeImage: header, limits, decode, hash; median)");
 const side = 2048;
-const base = sharp({ create: { width: side, height: side, channels: 3, noise: { type: "gaussian", mean: 128, sigma: 40 } } })
+const base = sharp({ create: { width: side, height: side, channels: 3, background: "#808080", noise: { type: "gaussian", mean: 128, sigma: 40 } } })
   .blur(1.5); // photo-like: noise smoothed so the codecs have structure to work with
 const raw = await base.raw().toBuffer();
 const inputs: [string, Buffer][] = [
