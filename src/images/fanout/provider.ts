@@ -30,6 +30,8 @@ export interface OutputFanoutConfig {
 }
 
 export const DEFAULT_SIBLING_GRACE_MS = 1000;
+/** Marks errors raised before anything was dispatched upstream. */
+const CAPACITY_WAIT = { stage: "capacity_wait" } as const;
 
 function validateConfig(config: OutputFanoutConfig, limits: RequestLimits): void {
   const integer = (value: number): boolean => Number.isInteger(value) && value > 0;
@@ -141,11 +143,16 @@ export class OutputFanoutProvider implements ImageProvider {
       if (!(error instanceof AcquireError)) throw error;
       switch (error.reason) {
         case "closed":
-          throw new ImageError("cancelled", "output fan-out is shutting down");
+          throw new ImageError("cancelled", "output fan-out is shutting down", { details: CAPACITY_WAIT });
         case "aborted":
-          throw new ImageError("cancelled", "output fan-out was cancelled while waiting for capacity");
+          throw new ImageError("cancelled", "output fan-out was cancelled while waiting for capacity", {
+            details: CAPACITY_WAIT,
+          });
         case "deadline":
-          throw new ImageError("timeout", "output fan-out timed out while waiting for capacity", { retryable: true });
+          throw new ImageError("timeout", "output fan-out timed out while waiting for capacity", {
+            retryable: true,
+            details: CAPACITY_WAIT,
+          });
       }
     }
   }

@@ -1,0 +1,2 @@
+import { Command } from "commander";
+export function imagesCommand(): Command { return new Command("images"); }

@@ -1,0 +1,135 @@
+import { z } from "zod";
+import { ERROR_CODES } from "./core/errors.js";
+import { DEFAULT_REQUEST_LIMITS, MAX_OUTPUTS_CEILING, isValidSize } from "./core/validation.js";
+
+const MiB = 1024 * 1024;
+const positive = () => z.number().int().min(1);
+/** A count, or "unlimited". */
+const limit = z.union([z.number().int().min(0), z.literal("unlimited")]);
+const size = z.string().refine((s) => s !== "auto" && isValidSize(s), "expected WxH, e.g. 512x512");
+const providerName = z.string().regex(/^[a-z][a-z0-9-]{0,63}$/, "lowercase letters, digits and -, starting with a letter");
+
+const requestLimitsSchema = z
+  .strictObject({
+    maxPromptBytes: positive().max(16 * MiB).default(DEFAULT_REQUEST_LIMITS.maxPromptBytes),
+    maxNegativePromptBytes: positive().max(16 * MiB).default(DEFAULT_REQUEST_LIMITS.maxNegativePromptBytes),
+    /** The one limit on parameters.n, used by the service and every fan-out decorator. */
+    maxOutputs: positive().max(MAX_OUTPUTS_CEILING).default(DEFAULT_REQUEST_LIMITS.maxOutputs),
+    maxInputs: positive().max(1024).default(DEFAULT_REQUEST_LIMITS.maxInputs),
+    maxInlineEncodedBytes: positive().max(1024 * MiB).default(DEFAULT_REQUEST_LIMITS.maxInlineEncodedBytes),
+    maxEdge: positive().max(65_535).default(DEFAULT_REQUEST_LIMITS.maxEdge),
+    maxTimeoutMs: positive().default(DEFAULT_REQUEST_LIMITS.maxTimeoutMs),
+    maxIdentifierBytes: positive().max(4096).default(DEFAULT_REQUEST_LIMITS.maxIdentifierBytes),
+  })
+  .prefault({});
+
+const fanoutSchema = z
+  .strictObject({
+    /** Logical maximum advertised by decorated providers; at most limits.maxOutputs. */
+    maxOutputs: positive().max(MAX_OUTPUTS_CEILING).default(16),
+    /** Provider-wide simultaneous upstream calls; "auto" means maxOutputs. */
+    maxParallelOutputs: z.union([positive().max(MAX_OUTPUTS_CEILING), z.literal("auto")]).default(4),
+    /** Longest wait for a fan-out permit (the request deadline applies too). */
+    permitTimeoutMs: positive().default(120_000),
+    /** How long fail-fast waits for cancelled siblings. */
+    siblingGraceMs: z.number().int().min(0).max(60_000).default(1000),
+  })
+  .prefault({});
+
+const admissionLimitsSchema = (concurrent: number | "unlimited", queued: number | "unlimited") =>
+  z
+    .strictObject({
+      maxConcurrent: limit.refine((v) => v !== 0, "max_concurrent must be above 0").default(concurrent),
+      maxQueued: limit.default(queued),
+    })
+    .prefault({});
+
+const circuitBreakerSchema = z
+  .strictObject({
+    enabled: z.boolean().default(true),
+    failureThreshold: positive().default(5),
+    openDurationMs: positive().default(180_000),
+    halfOpenMaxCalls: positive().default(1),
+    successThreshold: positive().default(1),
+  })
+  .prefault({});
+
+const referenceSchema = z
+  .strictObject({
+    enabled: z.boolean().default(true),
+    name: providerName.default("reference"),
+    model: z.string().min(1).default("reference-image-1"),
+    /** Outputs the provider makes per call; fan-out covers the rest. */
+    nativeCount: positive().max(MAX_OUTPUTS_CEILING).default(1),
+    latencyMs: z.number().int().min(0).max(600_000).default(50),
+    maxPartialImages: z.number().int().min(0).max(3).default(3),
+    defaultSize: size.default("512x512"),
+    maxEdge: positive().max(4096).default(2048),
+    failure: z
+      .strictObject({
+        promptContains: z.string().default(""),
+        outputIndices: z.array(z.number().int().min(0)).default([]),
+        code: z.enum(ERROR_CODES).default("upstream"),
+        retryable: z.boolean().default(true),
+      })
+      .prefault({}),
+  })
+  .prefault({});
+
+const openaiSchema = z.strictObject({
+  name: providerName,
+  /** For example https://api.openai.com; the provider posts to <baseUrl>/v1/images/generations. */
+  baseUrl: z.url(),
+  /** Name of the environment variable holding the API key; the key itself never enters the config. */
+  apiKeyEnv: z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/).default("OPENAI_API_KEY"),
+  model: z.string().min(1).default("gpt-image-1"),
+  /** Outputs per upstream call. */
+  nativeCount: positive().max(MAX_OUTPUTS_CEILING).default(10),
+  sizes: z.array(size).default(["1024x1024", "1536x1024", "1024x1536"]),
+  /** Upper bound of one upstream HTTP call. */
+  requestTimeoutMs: positive().default(600_000),
+  /** Largest upstream response body accepted. */
+  maxResponseBytes: positive().default(256 * MiB),
+});
+
+export const imagesConfigSchema = z
+  .strictObject({
+    /** Provider used when a request names none; "" means the first enabled one. */
+    defaultProvider: z.string().default(""),
+    limits: requestLimitsSchema,
+    defaultTimeoutMs: positive().default(300_000),
+    /** Time an interrupted provider gets to wind down. */
+    cancellationGraceMs: positive().max(30_000).default(1000),
+    fanout: fanoutSchema,
+    admission: z
+      .strictObject({
+        global: admissionLimitsSchema("unlimited", "unlimited"),
+        perProvider: admissionLimitsSchema(64, 256),
+      })
+      .prefault({}),
+    circuitBreaker: circuitBreakerSchema,
+    reference: referenceSchema,
+    openai: z.array(openaiSchema).default([]),
+  })
+  .prefault({})
+  .superRefine((config, ctx) => {
+    if (config.fanout.maxOutputs > config.limits.maxOutputs) {
+      ctx.addIssue({ code: "custom", path: ["fanout", "maxOutputs"], message: "must not exceed limits.maxOutputs" });
+    }
+    const parallel = config.fanout.maxParallelOutputs;
+    if (parallel !== "auto" && parallel > config.fanout.maxOutputs) {
+      ctx.addIssue({ code: "custom", path: ["fanout", "maxParallelOutputs"], message: "must not exceed fanout.maxOutputs" });
+    }
+    if (config.defaultTimeoutMs > config.limits.maxTimeoutMs) {
+      ctx.addIssue({ code: "custom", path: ["defaultTimeoutMs"], message: "must not exceed limits.maxTimeoutMs" });
+    }
+    const names = [...(config.reference.enabled ? [config.reference.name] : []), ...config.openai.map((p) => p.name)];
+    if (names.length === 0) ctx.addIssue({ code: "custom", path: ["reference", "enabled"], message: "no image provider is enabled" });
+    if (new Set(names).size !== names.length) ctx.addIssue({ code: "custom", path: ["openai"], message: "provider names must be unique" });
+    if (config.defaultProvider !== "" && !names.includes(config.defaultProvider)) {
+      ctx.addIssue({ code: "custom", path: ["defaultProvider"], message: "must name an enabled provider" });
+    }
+  });
+
+export type ImagesConfig = z.output<typeof imagesConfigSchema>;
+export type OpenAiProviderConfig = z.output<typeof openaiSchema>;

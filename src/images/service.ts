@@ -1,0 +1,128 @@
+import { randomUUID } from "node:crypto";
+import { create } from "@bufbuild/protobuf";
+import type { HandlerContext, ServiceImpl } from "@connectrpc/connect";
+import * as caps from "../../gen/mmgate/images/v1/capabilities_pb.js";
+import * as svc from "../../gen/mmgate/images/v1/image_service_pb.js";
+import type { ProviderEvent } from "./contract/types.js";
+import { toImageError } from "./core/errors.js";
+import type { ImageRuntime } from "./runtime/runtime.js";
+import { EventQueue } from "./runtime/event-queue.js";
+import { capabilitiesToProto, requestFromProto, responseToProto, toConnectError } from "./wire.js";
+
+const REQUEST_ID = /^[A-Za-z0-9._:@/+=-]{1,128}$/;
+/** Stream events buffered between the provider and a slow client. */
+const STREAM_BUFFER = 4;
+
+function requestIdOf(ctx: HandlerContext): string {
+  const given = ctx.requestHeader.get("x-request-id");
+  return given !== null && REQUEST_ID.test(given) ? given : randomUUID();
+}
+
+async function mapErrors<T>(work: () => Promise<T>): Promise<T> {
+  try {
+    return await work();
+  } catch (error) {
+    throw toConnectError(toImageError(error));
+  }
+}
+
+type StreamEvent = svc.GenerateStreamResponse["event"];
+
+function streamEventOf(event: ProviderEvent): StreamEvent | undefined {
+  switch (event.type) {
+    case "progress":
+      return { case: "progress", value: create(svc.ProgressSchema, { index: event.index ?? 0, stage: event.stage }) };
+    case "partial_image":
+      return {
+        case: "partialImage",
+        value: create(svc.PartialImageSchema, { index: event.index, partialIndex: event.partialIndex, image: event.image }),
+      };
+    case "started":
+    case "completed":
+      // The service sends its own.
+      return undefined;
+  }
+}
+
+/** mmgate.images.v1.ImageService over an ImageRuntime. */
+export function imageService(runtime: ImageRuntime, drainSignal: AbortSignal): Partial<ServiceImpl<typeof svc.ImageService>> {
+  return {
+    async listProviders() {
+      const registry = runtime.registry;
+      return create(svc.ListProvidersResponseSchema, {
+        defaultProvider: registry.defaultProvider,
+        providers: registry.list().map((entry) => {
+          const d = entry.provider.descriptor();
+          return create(caps.ProviderDescriptorSchema, {
+            name: entry.name,
+            displayName: d.displayName,
+            version: d.version,
+            experimental: d.experimental,
+            models: [...d.models],
+            default: entry.name === registry.defaultProvider,
+            circuitState: entry.breaker.snapshot().state,
+          });
+        }),
+      });
+    },
+
+    async getCapabilities(req) {
+      return mapErrors(async () => {
+        const capabilities = await runtime.capabilities(req.provider || undefined, req.model || undefined);
+        return create(svc.GetCapabilitiesResponseSchema, { capabilities: capabilitiesToProto(capabilities) });
+      });
+    },
+
+    async generate(req, ctx) {
+      return mapErrors(async () => {
+        const request = requestFromProto(req.request);
+        const response = await runtime.execute(request, { requestId: requestIdOf(ctx), signal: ctx.signal });
+        return create(svc.GenerateResponseSchema, { response: responseToProto(response, request.responseFormat) });
+      });
+    },
+
+    async *generateStream(req, ctx) {
+      let request;
+      const requestId = requestIdOf(ctx);
+      try {
+        request = requestFromProto(req.request);
+        runtime.prepare(request);
+      } catch (error) {
+        throw toConnectError(toImageError(error));
+      }
+      yield create(svc.GenerateStreamResponseSchema, {
+        event: { case: "started", value: create(svc.StartedSchema, { id: requestId, outputs: request.parameters.n }) },
+      });
+      const queue = new EventQueue<StreamEvent>(STREAM_BUFFER);
+      const execution = runtime
+        .execute(request, {
+          requestId,
+          signal: ctx.signal,
+          events: async (event) => {
+            // While draining, previews are dropped so the result arrives sooner.
+            if (drainSignal.aborted && event.type === "partial_image") return;
+            const mapped = streamEventOf(event);
+            if (mapped) await queue.push(mapped);
+          },
+        })
+        .finally(() => queue.close());
+      execution.catch(() => undefined);
+      for await (const event of queue) {
+        yield create(svc.GenerateStreamResponseSchema, { event });
+      }
+      let response;
+      try {
+        response = await execution;
+      } catch (error) {
+        throw toConnectError(toImageError(error));
+      }
+      yield create(svc.GenerateStreamResponseSchema, {
+        event: {
+          case: "completed",
+          value: create(svc.CompletedSchema, { response: responseToProto(response, request.responseFormat) }),
+        },
+      });
+    },
+  };
+}
+

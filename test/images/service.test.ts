@@ -1,0 +1,356 @@
+import { create, fromBinary, type MessageInitShape } from "@bufbuild/protobuf";
+import { BinaryReader } from "@bufbuild/protobuf/wire";
+import { Code, ConnectError, createClient } from "@connectrpc/connect";
+import * as grpc from "@grpc/grpc-js";
+import { expect } from "chai";
+import sharp from "sharp";
+import { ImageService } from "../../gen/mmgate/images/v1/image_service_pb.js";
+import * as pb from "../../gen/mmgate/images/v1/images_pb.js";
+import { buildImageRuntime } from "../../src/images/build.js";
+import { imagesConfigSchema } from "../../src/images/config.js";
+import { imagesModule } from "../../src/images/index.js";
+import { imageService } from "../../src/images/service.js";
+import { bindService, defineModule } from "../../src/server/index.js";
+import { grpcServerStream, grpcUnary, startServer, type GrpcClient, type InProcessServer } from "../support/server.js";
+import { ProbeProvider } from "./probe-provider.js";
+
+const PROTO = "mmgate/images/v1/image_service.proto";
+const SERVICE = "mmgate.images.v1.ImageService";
+
+/** The ErrorDetail inside grpc-status-details-bin (a google.rpc.Status). */
+function errorDetailOf(error: grpc.ServiceError): pb.ErrorDetail {
+  const [raw] = error.metadata.get("grpc-status-details-bin");
+  expect(raw, "grpc-status-details-bin").to.be.instanceOf(Buffer);
+  const reader = new BinaryReader(raw as Buffer);
+  while (reader.pos < reader.len) {
+    const [field, wireType] = reader.tag();
+    if (field !== 3) {
+      reader.skip(wireType);
+      continue;
+    }
+    const any = new BinaryReader(reader.bytes());
+    let typeUrl = "";
+    let value: Uint8Array = new Uint8Array();
+    while (any.pos < any.len) {
+      const [f, w] = any.tag();
+      if (f === 1) typeUrl = any.string();
+      else if (f === 2) value = any.bytes();
+      else any.skip(w);
+    }
+    if (typeUrl.endsWith("/mmgate.images.v1.ErrorDetail")) return fromBinary(pb.ErrorDetailSchema, value);
+  }
+  throw new Error("no ErrorDetail in the status");
+}
+
+async function grpcError(promise: Promise<unknown>): Promise<grpc.ServiceError> {
+  try {
+    await promise;
+  } catch (error) {
+    return error as grpc.ServiceError;
+  }
+  throw new Error("expected a gRPC error");
+}
+
+describe("images: ImageService over gRPC (reference provider)", function () {
+  this.timeout(30_000);
+  let server: InProcessServer;
+  let client: GrpcClient;
+
+  before(async () => {
+    server = await startServer({
+      modules: [imagesModule],
+      config: {
+        images: {
+          reference: { latencyMs: 20, defaultSize: "64x64", failure: { promptContains: "FAIL-ME", outputIndices: [6] } },
+          fanout: { maxOutputs: 8, maxParallelOutputs: 4 },
+        },
+      },
+    });
+    client = server.grpcClient(PROTO, SERVICE);
+  });
+  after(async () => server?.close());
+
+  it("lists the providers with the default marked", async () => {
+    const response = await grpcUnary<{ providers: { name: string; default: boolean; circuitState: string }[]; defaultProvider: string }>(
+      client,
+      "ListProviders",
+      {},
+    );
+    expect(response.defaultProvider).to.equal("reference");
+    expect(response.providers).to.have.length(1);
+    expect(response.providers[0]).to.deep.include({ name: "reference", default: true, circuitState: "closed" });
+  });
+
+  it("advertises fan-out capabilities with the native count visible", async () => {
+    const response = await grpcUnary<{ capabilities: Record<string, unknown> }>(client, "GetCapabilities", { provider: "reference" });
+    const c = response.capabilities as { count: unknown; batching: unknown; provider: string };
+    expect(c.provider).to.equal("reference");
+    expect(c.count).to.deep.equal({ min: 1, max: 8 });
+    expect(c.batching).to.deep.equal({ mode: "BATCH_MODE_FAN_OUT", nativeCount: { min: 1, max: 1 }, maxParallelOutputs: 4 });
+  });
+
+  it("generates n = 4 images in order with real pixels", async () => {
+    const response = await grpcUnary<{ response: Record<string, unknown> }>(client, "Generate", {
+      request: { prompt: "a red fox", generate: {}, parameters: { n: 4, outputFormat: "OUTPUT_FORMAT_WEBP" } },
+    });
+    const r = response.response as {
+      data: { index: number; image: Buffer; width: number; height: number; byteSize: string; sha256: string; format: string }[];
+      warnings: string[];
+      usage: { totalTokens: string; provider: Record<string, string> };
+      provider: string;
+      effective: { n: number };
+    };
+    expect(r.provider).to.equal("reference");
+    expect(r.data.map((d) => d.index)).to.deep.equal([0, 1, 2, 3]);
+    expect(r.warnings).to.include("emulated_multi_image_fanout");
+    expect(r.usage.provider["images"]).to.equal("4");
+    expect(r.effective.n).to.equal(4);
+    const hashes = new Set(r.data.map((d) => d.sha256));
+    expect(hashes.size).to.equal(4);
+    for (const d of r.data) {
+      const meta = await sharp(d.image).metadata();
+      expect([meta.format, meta.width, meta.height]).to.deep.equal(["webp", 64, 64]);
+      expect(d.format).to.equal("OUTPUT_FORMAT_WEBP");
+      expect(Number(d.byteSize)).to.equal(d.image.length);
+    }
+  });
+
+  it("is deterministic for the same prompt and index", async () => {
+    const generate = () =>
+      createClient(ImageService, server.transport).generate({
+        request: { prompt: "same", operation: { case: "generate", value: {} }, parameters: { n: 2 } },
+      });
+    const [a, b] = await Promise.all([generate(), generate()]);
+    expect(a.response!.data.map((d) => d.sha256)).to.deep.equal(b.response!.data.map((d) => d.sha256));
+  });
+
+  it("streams n = 4 with per-index partial previews, then the completed response", async () => {
+    const messages = await grpcServerStream<{ event: string } & Record<string, Record<string, unknown>>>(client, "GenerateStream", {
+      request: { prompt: "a blue whale", generate: {}, parameters: { n: 4, partialImages: 2 } },
+    });
+    expect(messages[0]!.event).to.equal("started");
+    expect(messages[0]!["started"]).to.deep.include({ outputs: 4 });
+    expect(messages.at(-1)!.event).to.equal("completed");
+    const partials = messages.filter((m) => m.event === "partialImage").map((m) => m["partialImage"] as { index: number; partialIndex: number; image: Buffer });
+    const byIndex = new Map<number, number[]>();
+    for (const p of partials) byIndex.set(p.index, [...(byIndex.get(p.index) ?? []), p.partialIndex]);
+    expect([...byIndex.keys()].sort()).to.deep.equal([0, 1, 2, 3]);
+    for (const list of byIndex.values()) expect(list).to.deep.equal([0, 1]);
+    const meta = await sharp(partials[0]!.image).metadata();
+    expect(meta.width).to.equal(64);
+    const progress = messages.filter((m) => m.event === "progress").map((m) => (m["progress"] as { index: number }).index);
+    expect([...new Set(progress)].sort()).to.deep.equal([0, 1, 2, 3]);
+    const completed = messages.at(-1)!["completed"] as { response: { data: { index: number }[] } };
+    expect(completed.response.data.map((d) => d.index)).to.deep.equal([0, 1, 2, 3]);
+  });
+
+  it("carries base64 or metadata only when asked", async () => {
+    const images = createClient(ImageService, server.transport);
+    const b64 = await images.generate({
+      request: { prompt: "p", operation: { case: "generate", value: {} }, responseFormat: pb.ResponseFormat.B64_JSON },
+    });
+    const payload = b64.response!.data[0]!.payload;
+    expect(payload.case).to.equal("b64Json");
+    expect(Buffer.from(payload.value as string, "base64").subarray(1, 4).toString()).to.equal("PNG");
+    const meta = await images.generate({
+      request: { prompt: "p", operation: { case: "generate", value: {} }, responseFormat: pb.ResponseFormat.METADATA },
+    });
+    expect(meta.response!.data[0]!.payload.case).to.equal(undefined);
+    expect(meta.response!.data[0]!.sha256).to.match(/^[0-9a-f]{64}$/);
+  });
+
+  it("maps validation errors to INVALID_ARGUMENT with a typed detail", async () => {
+    const error = await grpcError(
+      grpcUnary(client, "Generate", { request: { prompt: " ", generate: {}, parameters: { n: 0 } } }),
+    );
+    expect(error.code).to.equal(grpc.status.INVALID_ARGUMENT);
+    const detail = errorDetailOf(error);
+    expect(detail.code).to.equal(pb.ErrorCode.INVALID_REQUEST);
+    expect(detail.retryable).to.equal(false);
+    const issues = (detail.details!["issues"] as { field: string; code: string }[]).map((i) => `${i.field}/${i.code}`);
+    expect(issues).to.deep.equal(["parameters.n/out_of_range", "prompt/required"]);
+    expect(detail.suggestions.length).to.be.greaterThan(0);
+  });
+
+  it("maps strict negotiation, unknown providers and provider failures", async () => {
+    const images = createClient(ImageService, server.transport);
+    const call = (request: MessageInitShape<typeof pb.ImageRequestSchema>) =>
+      images.generate({ request: { prompt: "p", operation: { case: "generate", value: {} }, ...request } });
+    const expectError = async (promise: Promise<unknown>, code: Code, detailCode: pb.ErrorCode) => {
+      try {
+        await promise;
+      } catch (error) {
+        const e = ConnectError.from(error);
+        expect(e.code).to.equal(code);
+        const [detail] = e.findDetails(pb.ErrorDetailSchema);
+        expect(detail?.code).to.equal(detailCode);
+        return detail!;
+      }
+      throw new Error("expected an error");
+    };
+    const tooMany = await expectError(call({ parameters: create(pb.GenerationParametersSchema, { n: 9 }) }), Code.FailedPrecondition, pb.ErrorCode.UNSUPPORTED_CAPABILITY);
+    expect(tooMany.details!["field"]).to.equal("parameters.n");
+    const normalized = await call({
+      parameters: create(pb.GenerationParametersSchema, { n: 9, failurePolicy: pb.FailurePolicy.BEST_EFFORT }),
+      policies: create(pb.RequestPoliciesSchema, { compatibility: pb.CompatibilityMode.NORMALIZE }),
+      responseFormat: pb.ResponseFormat.METADATA,
+    });
+    const tooManyForFanout = await expectError(call({ parameters: create(pb.GenerationParametersSchema, { n: 17 }) }), Code.InvalidArgument, pb.ErrorCode.INVALID_REQUEST);
+    expect(tooManyForFanout.details!["issues"]).to.have.length(1);
+    expect(normalized.response!.data.length + normalized.response!.failures.length).to.equal(8);
+    expect(normalized.response!.requested!.n).to.equal(9);
+    expect(normalized.response!.effective!.n).to.equal(8);
+    expect(normalized.response!.normalizations[0]!.reason).to.equal("clamped_to_provider_range");
+
+    const unknown = await expectError(call({ routing: create(pb.RoutingOptionsSchema, { provider: "nope" }) }), Code.FailedPrecondition, pb.ErrorCode.CONFIGURATION);
+    expect(unknown.details!["provider"]).to.equal("nope");
+    const failed = await expectError(call({ prompt: "please FAIL-ME", parameters: create(pb.GenerationParametersSchema, { n: 3 }) }), Code.Unavailable, pb.ErrorCode.UPSTREAM);
+    expect(failed.provider).to.equal("reference");
+    expect(failed.details!["output_index"]).to.be.a("number");
+  });
+
+  it("returns best-effort failures per index with typed errors", async () => {
+    const images = createClient(ImageService, server.transport);
+    const response = await images.generate({
+      request: {
+        prompt: "p",
+        operation: { case: "generate", value: {} },
+        parameters: { n: 8, failurePolicy: pb.FailurePolicy.BEST_EFFORT },
+      },
+    });
+    const r = response.response!;
+    expect(r.data.map((d) => d.index)).to.deep.equal([0, 1, 2, 3, 4, 5, 7]);
+    expect(r.failures.map((f) => f.index)).to.deep.equal([6]);
+    expect(r.failures[0]!.error!.code).to.equal(pb.ErrorCode.UPSTREAM);
+    expect(r.failures[0]!.error!.details!["output_index"]).to.equal(6);
+    expect(r.warnings).to.deep.equal(["emulated_multi_image_fanout", "partial_output_failure"]);
+  });
+
+  it("fails fast on the same batch without best effort", async () => {
+    try {
+      await createClient(ImageService, server.transport).generate({
+        request: { prompt: "p", operation: { case: "generate", value: {} }, parameters: { n: 8 } },
+      });
+      expect.fail("expected an error");
+    } catch (error) {
+      const [detail] = ConnectError.from(error).findDetails(pb.ErrorDetailSchema);
+      expect(detail!.code).to.equal(pb.ErrorCode.UPSTREAM);
+      expect(detail!.retryable).to.equal(false);
+      expect(detail!.details).to.deep.include({ outcome: "unknown", retry_scope: "do_not_retry_full_batch", output_index: 6 });
+    }
+  });
+});
+
+describe("images: ImageService cancellation, deadlines and breaker", function () {
+  this.timeout(30_000);
+  let server: InProcessServer;
+  let probe: ProbeProvider;
+
+  before(async () => {
+    probe = new ProbeProvider("probe");
+    const module = defineModule({
+      name: "images",
+      description: "images with a probe provider",
+      configSchema: imagesConfigSchema,
+      create(ctx) {
+        const runtime = buildImageRuntime(ctx.config, { extraProviders: [probe] });
+        return { services: [bindService(ImageService, imageService(runtime, ctx.drainSignal))], close: () => runtime.shutdown() };
+      },
+    });
+    server = await startServer({
+      modules: [module],
+      config: {
+        images: {
+          cancellationGraceMs: 200,
+          circuitBreaker: { failureThreshold: 2 },
+          reference: { failure: { promptContains: "BREAK" }, latencyMs: 0, defaultSize: "16x16" },
+        },
+      },
+    });
+  });
+  after(async () => server?.close());
+
+  it("delivers client cancellation to the provider (grpc-js)", async () => {
+    const client = server.grpcClient(PROTO, SERVICE);
+    const before = probe.started;
+    const call = grpcServerStream(client, "GenerateStream", { request: { prompt: "wait", generate: {}, routing: { provider: "probe" } } }, {
+      onMessage: (_msg, stream) => {
+        void probe.whenStarted(before + 1).then(() => stream.cancel());
+      },
+    });
+    const error = await grpcError(call);
+    expect(error.code).to.equal(grpc.status.CANCELLED);
+    for (let i = 0; i < 100 && probe.aborted === 0; i += 1) await new Promise((r) => setTimeout(r, 20));
+    expect(probe.aborted).to.be.at.least(1);
+  });
+
+  it("delivers client cancellation to the provider (connect unary)", async () => {
+    const images = createClient(ImageService, server.transport);
+    const controller = new AbortController();
+    const abortedBefore = probe.aborted;
+    const startedBefore = probe.started;
+    void probe.whenStarted(startedBefore + 1).then(() => controller.abort());
+    try {
+      await images.generate({ request: { prompt: "wait", operation: { case: "generate", value: {} }, routing: { provider: "probe" } } }, { signal: controller.signal });
+      expect.fail("expected cancellation");
+    } catch (error) {
+      expect(ConnectError.from(error).code).to.equal(Code.Canceled);
+    }
+    for (let i = 0; i < 100 && probe.aborted === abortedBefore; i += 1) await new Promise((r) => setTimeout(r, 20));
+    expect(probe.aborted).to.equal(abortedBefore + 1);
+  });
+
+  it("turns a client deadline into DEADLINE_EXCEEDED and aborts the provider", async () => {
+    const client = server.grpcClient(PROTO, SERVICE);
+    const abortedBefore = probe.aborted;
+    const error = await grpcError(
+      grpcUnary(client, "Generate", { request: { prompt: "wait", generate: {}, routing: { provider: "probe" } } }, { deadline: new Date(Date.now() + 300) }),
+    );
+    expect(error.code).to.equal(grpc.status.DEADLINE_EXCEEDED);
+    for (let i = 0; i < 100 && probe.aborted === abortedBefore; i += 1) await new Promise((r) => setTimeout(r, 20));
+    expect(probe.aborted).to.equal(abortedBefore + 1);
+  });
+
+  it("reports a request timeout_ms as timeout with an unknown outcome", async () => {
+    const images = createClient(ImageService, server.transport);
+    try {
+      await images.generate({ request: { prompt: "wait", operation: { case: "generate", value: {} }, routing: { provider: "probe" }, timeoutMs: 100n } });
+      expect.fail("expected a timeout");
+    } catch (error) {
+      const e = ConnectError.from(error);
+      expect(e.code).to.equal(Code.DeadlineExceeded);
+      const [detail] = e.findDetails(pb.ErrorDetailSchema);
+      expect(detail?.code).to.equal(pb.ErrorCode.TIMEOUT);
+      expect(detail?.retryable).to.equal(false);
+      expect(detail?.details!["outcome"]).to.equal("unknown");
+    }
+  });
+
+  it("opens the circuit after repeated failures so one provider cannot drag the service down", async () => {
+    const images = createClient(ImageService, server.transport);
+    const call = () =>
+      images.generate({
+        request: { prompt: "BREAK", operation: { case: "generate", value: {} }, routing: { provider: "reference", model: "" } },
+      });
+    const codes: string[] = [];
+    for (let i = 0; i < 3; i += 1) {
+      try {
+        await call();
+      } catch (error) {
+        const [detail] = ConnectError.from(error).findDetails(pb.ErrorDetailSchema);
+        codes.push(pb.ErrorCode[detail!.code]);
+        if (i === 2) {
+          expect(ConnectError.from(error).code).to.equal(Code.Unavailable);
+          expect(detail!.details!["circuit_state"]).to.equal("open");
+          expect(ConnectError.from(error).metadata.get("retry-after")).to.match(/^\d+$/);
+        }
+      }
+    }
+    expect(codes).to.deep.equal(["UPSTREAM", "UPSTREAM", "OVERLOADED"]);
+    const listed = await images.listProviders({});
+    expect(listed.providers.find((p) => p.name === "reference")?.circuitState).to.equal("open");
+    // The other provider is unaffected.
+    const probeCaps = await images.getCapabilities({ provider: "probe" });
+    expect(probeCaps.capabilities?.provider).to.equal("probe");
+  });
+});
