@@ -85,6 +85,19 @@ describe("image decoder", () => {
     }
   });
 
+  it("decodes CMYK JPEG to RGB and 16-bit PNG to 8 bits", async () => {
+    const cmyk = await sharp({ create: { width: 8, height: 4, channels: 3, background: "#ff0000" } }).toColourspace("cmyk").jpeg().toBuffer();
+    const c = await decodeImage(cmyk, DEFAULT_LIMITS);
+    expect(c.tensorInfo.shape).to.deep.equal([4, 8, 3]);
+    const deep = await sharp({ create: { width: 8, height: 4, channels: 4, background: { r: 255, g: 0, b: 0, alpha: 0.5 } } })
+      .toColourspace("rgb16")
+      .png()
+      .toBuffer();
+    const d = await decodeImage(deep, DEFAULT_LIMITS);
+    expect(d.tensorInfo.shape).to.deep.equal([4, 8, 4]);
+    expect(Array.from(d.data.subarray(0, 4))).to.deep.equal([255, 0, 0, 128]);
+  });
+
   it("ignores EXIF orientation by default and applies it on request", async () => {
     const jpeg = await sharp(Buffer.from(pattern(64 * 48 * 3)), { raw: { width: 64, height: 48, channels: 3 } })
       .jpeg()
