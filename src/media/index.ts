@@ -2,6 +2,7 @@ import { defineModule, bindService } from "../server/module.js";
 import { MediaService } from "../../gen/mmgate/media/v1/media_pb.js";
 import { mediaConfigSchema } from "./config.js";
 import { agentMetadataBytes, encodeNixlMetadata, newTransferAgent } from "./descriptor.js";
+import { MediaMetrics } from "./metrics.js";
 import { createMediaService } from "./service.js";
 import { TensorStore } from "./tensor-store.js";
 
@@ -12,7 +13,13 @@ export const mediaModule = defineModule({
   configSchema: mediaConfigSchema,
   create(ctx) {
     const config = ctx.config;
-    const store = new TensorStore({ maxBytes: config.store.maxBytes, ttlMs: config.store.ttlMs });
+    const store = new TensorStore({
+      maxBytes: config.store.maxBytes,
+      ttlMs: config.store.ttlMs,
+      // Called only after construction, once `metrics` exists.
+      onEvict: (_tensor, reason) => metrics.evictions.inc({ reason }),
+    });
+    const metrics = new MediaMetrics(ctx.metrics, store);
     const agent = newTransferAgent(ctx.advertisedAddress);
     const nixlMetadata = encodeNixlMetadata(agentMetadataBytes(agent));
     ctx.logger.info({ agent: agent.name, storeBytes: config.store.maxBytes }, "media tensor store ready");

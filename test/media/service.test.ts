@@ -266,3 +266,70 @@ describe("MediaService contract", function () {
     });
   });
 });
+
+describe("MediaService with the default policy and a bearer token", function () {
+  this.timeout(60_000);
+  const TOKEN = "media-test-token-0123456789";
+  let server: InProcessServer;
+  let media: http.Server;
+  let mediaPort = 0;
+  let hits = 0;
+
+  before(async () => {
+    media = http.createServer((_req, res) => {
+      hits++;
+      res.end("never fetched");
+    });
+    await new Promise<void>((resolve) => media.listen(0, "127.0.0.1", resolve));
+    mediaPort = (media.address() as AddressInfo).port;
+    server = await startServer({ modules: [mediaModule], config: { auth: { token: TOKEN } } });
+  });
+
+  after(async () => {
+    await server?.close();
+    media?.closeAllConnections();
+    await new Promise((resolve) => media?.close(resolve));
+  });
+
+  it("refuses loopback media URLs without touching them", async () => {
+    const client = createClient(MediaService, server.transport);
+    for (const [url, code] of [
+      [`http://127.0.0.1:${mediaPort}/img.png`, "URL_DIRECT_IP_NOT_ALLOWED"],
+      [`http://localhost:${mediaPort}/img.png`, "URL_DIRECT_PORT_NOT_ALLOWED"],
+      ["http://localhost/img.png", "URL_BLOCKED_HOST"],
+      ["http://[::1]/img.png", "URL_DIRECT_IP_NOT_ALLOWED"],
+    ] as const) {
+      const error = await connectError(client.decode({ source: { case: "url", value: url } }));
+      expect(error.code, url).to.equal(Code.InvalidArgument);
+      expect(detailCode(error), url).to.equal(code);
+    }
+    expect(hits).to.equal(0);
+  });
+
+  it("requires the token for ReleaseTensor only", async () => {
+    const client = createClient(MediaService, server.transport);
+    const png = await encodeRaw(pattern(4 * 4 * 3), 4, 4, 3, "png");
+    const res = await client.decode({ source: { case: "data", value: png } });
+    const denied = await connectError(client.releaseTensor({ handle: res.handle }));
+    expect(denied.code).to.equal(Code.Unauthenticated);
+    const ok = await client.releaseTensor({ handle: res.handle }, { headers: { authorization: `Bearer ${TOKEN}` } });
+    expect(ok.released).to.equal(true);
+  });
+
+  it("exports tensor store metrics", async () => {
+    const client = createClient(MediaService, server.transport);
+    const png = await encodeRaw(pattern(4 * 4 * 3), 4, 4, 3, "png");
+    await client.decode({ source: { case: "data", value: png } });
+    const text = await new Promise<string>((resolve, reject) => {
+      http.get(`http://${server.adminAddr}/metrics`, (res) => {
+        let body = "";
+        res.setEncoding("utf8");
+        res.on("data", (c: string) => (body += c));
+        res.on("end", () => resolve(body));
+      }).on("error", reject);
+    });
+    expect(text).to.match(/mmgate_media_tensor_store_bytes 48/);
+    expect(text).to.match(/mmgate_media_tensor_store_tensors 1/);
+    expect(text).to.match(/mmgate_media_tensor_store_removals_total\{reason="released"\} 1/);
+  });
+});
