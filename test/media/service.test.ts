@@ -101,6 +101,14 @@ describe("MediaService contract", function () {
       expect(missing.code).to.equal(Code.InvalidArgument);
     });
 
+    it("Decode takes a data URL", async () => {
+      const res = await client.decode({ source: { case: "url", value: `data:image/png;base64,${png.toString("base64")}` } });
+      const direct = await client.decode({ source: { case: "data", value: png }, options: { skipStore: true } });
+      expect(res.contentHashKey).to.equal(direct.contentHashKey);
+      const bad = await connectError(client.decode({ source: { case: "url", value: "data:image/png;base64," } }));
+      expect(detailCode(bad)).to.equal("DATA_URL_INVALID");
+    });
+
     it("ReadTensor streams the stored bytes in bounded chunks and ReleaseTensor drops them", async () => {
       const res = await client.decode({ source: { case: "data", value: png } });
       const chunks: Uint8Array[] = [];

@@ -146,6 +146,13 @@ describe("media fetcher against a local HTTP server", function () {
       const path = url.pathname;
       const hop = /^\/hop\/(\d+)$/.exec(path);
       if (path === "/ok") return void res.end(BODY);
+      if (path === "/trickle") {
+        // One byte per write: the body arrives split at every boundary.
+        res.writeHead(200);
+        let at = 0;
+        const next = () => (at < BODY.length ? res.write(BODY.subarray(at, ++at), () => setImmediate(next)) : res.end());
+        return void next();
+      }
       if (hop) {
         const n = Number(hop[1]);
         res.writeHead(302, { location: n === 0 ? "/ok" : `/hop/${n - 1}` });
@@ -240,6 +247,13 @@ describe("media fetcher against a local HTTP server", function () {
     const body = await fetchMedia(`http://media.test:${port}/ok`, loopback, { resolver });
     expect(Buffer.from(body).equals(BODY)).to.equal(true);
     expect(requests).to.include(`media.test:${port} /ok`);
+  });
+
+  it("reassembles a body delivered one byte at a time", async () => {
+    const body = await fetchMedia(`http://127.0.0.1:${port}/trickle`, loopback);
+    expect(Buffer.from(body).equals(BODY)).to.equal(true);
+    const capped = await fetchCode(fetchMedia(`http://127.0.0.1:${port}/trickle`, { ...loopback, maxBodyBytes: BODY.length - 1 }));
+    expect(capped).to.equal("FETCH_BODY_TOO_LARGE");
   });
 
   it("never connects for a refused redirect target", async () => {
