@@ -1,4 +1,5 @@
 import type { ImagesConfig } from "./config.js";
+import { ImageError } from "./core/errors.js";
 import type { ImageProvider } from "./core/provider.js";
 import type { RequestLimits } from "./core/validation.js";
 import { OutputFanoutProvider } from "./fanout/provider.js";
@@ -50,7 +51,8 @@ export function buildImageRuntime(config: ImagesConfig, options: BuildOptions = 
       breaker: new CircuitBreaker(name, config.circuitBreaker),
     };
   });
-  const defaultProvider = config.defaultProvider !== "" ? config.defaultProvider : (entries[0]?.name ?? "");
+  if (entries.length === 0) throw new ImageError("configuration", "no image provider is enabled");
+  const defaultProvider = config.defaultProvider !== "" ? config.defaultProvider : entries[0]!.name;
   const registry = new ProviderRegistry(entries, defaultProvider);
   return new ImageRuntime(registry, {
     limits,

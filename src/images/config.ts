@@ -123,12 +123,10 @@ export const imagesConfigSchema = z
     if (config.defaultTimeoutMs > config.limits.maxTimeoutMs) {
       ctx.addIssue({ code: "custom", path: ["defaultTimeoutMs"], message: "must not exceed limits.maxTimeoutMs" });
     }
+    // Whether defaultProvider names a registered provider is checked when the
+    // registry is built, because embedders may add providers in code.
     const names = [...(config.reference.enabled ? [config.reference.name] : []), ...config.openai.map((p) => p.name)];
-    if (names.length === 0) ctx.addIssue({ code: "custom", path: ["reference", "enabled"], message: "no image provider is enabled" });
     if (new Set(names).size !== names.length) ctx.addIssue({ code: "custom", path: ["openai"], message: "provider names must be unique" });
-    if (config.defaultProvider !== "" && !names.includes(config.defaultProvider)) {
-      ctx.addIssue({ code: "custom", path: ["defaultProvider"], message: "must name an enabled provider" });
-    }
   });
 
 export type ImagesConfig = z.output<typeof imagesConfigSchema>;
