@@ -108,10 +108,13 @@ async function fanoutFigures(parallel: number): Promise<number> {
   });
 }
 
+/** Loaded lazily so a missing dev dependency only skips the peer. */
+const loadAi = () => import("ai");
+
 async function peerFigure(): Promise<number | string> {
-  let ai: typeof import("ai");
+  let ai: Awaited<ReturnType<typeof loadAi>>;
   try {
-    ai = await import("ai");
+    ai = await loadAi();
   } catch (error) {
     return `the ai package could not be loaded (${(error as Error).message})`;
   }
