@@ -38,6 +38,8 @@ export const mediaConfigSchema = z.strictObject({
       /** Largest body (or decoded data URL) accepted. */
       maxBodyBytes: z.number().int().min(1).max(4 * GiB).default(64 * MiB),
       maxRedirects: z.number().int().min(0).max(20).default(3),
+      /** URL fetches running at once (each may buffer up to maxBodyBytes); others wait. */
+      maxConcurrentFetches: z.number().int().min(1).max(1024).default(16),
       userAgent: z.string().min(1).default("mmgate-media-fetcher"),
     })
     .prefault({}),
@@ -66,5 +68,6 @@ export function decoderLimits(config: MediaConfig): ImageDecoderLimits {
 }
 
 export function fetchPolicy(config: MediaConfig): FetchPolicy {
-  return { ...config.fetch };
+  const { maxConcurrentFetches: _slots, ...policy } = config.fetch;
+  return policy;
 }

@@ -53,11 +53,18 @@ export function createMediaService(deps: MediaServiceDeps): ServiceImpl<typeof M
   const limits = decoderLimits(config);
   const policy = fetchPolicy(config);
   const decodeSlots = new Semaphore(config.decoder.maxConcurrentDecodes);
+  const fetchSlots = new Semaphore(config.fetch.maxConcurrentFetches);
 
   async function encodedBytes(req: DecodeRequest, signal: AbortSignal): Promise<Uint8Array> {
     switch (req.source.case) {
-      case "url":
-        return fetchMedia(req.source.value, policy, { signal, ...(deps.resolver ? { resolver: deps.resolver } : {}) });
+      case "url": {
+        const release = await fetchSlots.acquire(signal);
+        try {
+          return await fetchMedia(req.source.value, policy, { signal, ...(deps.resolver ? { resolver: deps.resolver } : {}) });
+        } finally {
+          release();
+        }
+      }
       case "data":
         if (req.source.value.length === 0) throw new MediaError("IMAGE_DECODE_FAILED", "image data is empty");
         return req.source.value;

@@ -11,7 +11,7 @@ export interface UrlPolicy {
   readonly allowPrivateIps: boolean;
   /** CIDR networks exempt from BLOCKED_IP_NETWORKS (e.g. "127.0.0.1/32"). */
   readonly allowedIpNetworks: readonly string[];
-  /** When set, the only hosts (exact, lower-case) that may be fetched. */
+  /** When set, the only hosts that may be fetched (exact match, case-insensitive). */
   readonly allowedMediaDomains: readonly string[] | null;
 }
 
@@ -157,7 +157,7 @@ export function checkUrlAllowed(url: string, policy: UrlPolicy): URL | null {
       }
     }
   }
-  if (policy.allowedMediaDomains !== null && !policy.allowedMediaDomains.includes(host)) {
+  if (policy.allowedMediaDomains !== null && !policy.allowedMediaDomains.some((d) => d.toLowerCase() === host)) {
     throw deny("URL_DOMAIN_NOT_ALLOWED", `Domain is not in the allowed media domains: ${host}`);
   }
   return parsed;

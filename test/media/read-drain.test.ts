@@ -52,6 +52,7 @@ describe("config and decode slots", () => {
       timeoutMs: 30_000,
       maxBodyBytes: 64 * 1024 * 1024,
       maxRedirects: 3,
+      maxConcurrentFetches: 16,
       userAgent: "mmgate-media-fetcher",
     });
     expect(c.store).to.deep.equal({ maxBytes: 1024 ** 3, ttlMs: 120_000 });

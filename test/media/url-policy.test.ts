@@ -61,6 +61,7 @@ describe("URL policy rules", () => {
     ["http://localhost/", { ...DEFAULT_URL_POLICY, allowedIpNetworks: ["127.0.0.0/8"] }, "URL_BLOCKED_HOST"],
     ["https://cdn.example.com/a.png", { ...DEFAULT_URL_POLICY, allowedMediaDomains: ["cdn.example.com"] }, "OK"],
     ["https://evil.example.com/a.png", { ...DEFAULT_URL_POLICY, allowedMediaDomains: ["cdn.example.com"] }, "URL_DOMAIN_NOT_ALLOWED"],
+    ["https://CDN.example.com/a.png", { ...DEFAULT_URL_POLICY, allowedMediaDomains: ["cdn.EXAMPLE.com"] }, "OK"],
     ["https://sub.cdn.example.com/a.png", { ...DEFAULT_URL_POLICY, allowedMediaDomains: ["cdn.example.com"] }, "URL_DOMAIN_NOT_ALLOWED"],
   ];
   for (const [url, policy, expected] of table) {
