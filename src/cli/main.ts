@@ -1,4 +1,5 @@
 import { Command } from "commander";
+import { mediaCommand } from "../media/cli.js";
 import { version } from "../version.js";
 import { healthCommand } from "./health.js";
 import { serveCommand } from "./serve.js";
@@ -11,6 +12,7 @@ export function program(): Command {
     .enablePositionalOptions();
   root.addCommand(serveCommand());
   root.addCommand(healthCommand());
+  root.addCommand(mediaCommand());
   root.addCommand(
     new Command("version").description("print the version").action(() => {
       process.stdout.write(`mmgate ${version} (node ${process.version})\n`);
