@@ -1,0 +1,140 @@
+import { expect } from "chai";
+import { imagesConfigSchema } from "../../src/images/config.js";
+import { createImageRequest, type ImageRequestInit } from "../../src/images/contract/types.js";
+import { ImageError } from "../../src/images/core/errors.js";
+import { buildImageRuntime } from "../../src/images/build.js";
+import { checkOutputSet } from "../../src/images/runtime/runtime.js";
+import { FakeProvider, fakeCapabilities, type FakeOptions } from "./fake-provider.js";
+import { ProbeProvider } from "./probe-provider.js";
+
+function runtimeWith(fake: FakeProvider | ProbeProvider, config: Record<string, unknown> = {}) {
+  return buildImageRuntime(imagesConfigSchema.parse({ reference: { enabled: false }, fanout: { maxOutputs: 4, maxParallelOutputs: 2 }, ...config }), {
+    extraProviders: [fake],
+  });
+}
+
+function request(init: Partial<ImageRequestInit> = {}) {
+  return createImageRequest({ prompt: "p", responseFormat: "metadata", ...init });
+}
+
+const options = (signal = new AbortController().signal) => ({ requestId: "rid", signal });
+
+async function rejection(promise: Promise<unknown>): Promise<ImageError> {
+  try {
+    await promise;
+  } catch (error) {
+    expect(error).to.be.instanceOf(ImageError);
+    return error as ImageError;
+  }
+  throw new Error("expected a rejection");
+}
+
+describe("images: runtime", () => {
+  it("sets id, provider, timings and fan-out results", async () => {
+    const runtime = runtimeWith(new FakeProvider());
+    const response = await runtime.execute(request({ parameters: { n: 3 } }), options());
+    expect(response.id).to.equal("rid");
+    expect(response.provider).to.equal("fanout-test");
+    expect(response.data.map((d) => d.index)).to.deep.equal([0, 1, 2]);
+    expect(response.timings.totalMs).to.be.at.least(response.timings.providerMs);
+    expect(response.revisedPrompt).to.equal("p");
+  });
+
+  it("omits the revised prompt when asked", async () => {
+    const runtime = runtimeWith(new FakeProvider());
+    const response = await runtime.execute(request({ policies: { revisedPrompt: "omit" } }), options());
+    expect(response.revisedPrompt).to.equal(undefined);
+  });
+
+  it("validates against the configured limits before touching a provider", async () => {
+    const fake = new FakeProvider();
+    const runtime = runtimeWith(fake, { limits: { maxOutputs: 2 }, fanout: { maxOutputs: 2, maxParallelOutputs: 2 } });
+    const error = await rejection(runtime.execute(request({ parameters: { n: 3 } }), options()));
+    expect(error.code).to.equal("invalid_request");
+    expect(fake.calls).to.equal(0);
+  });
+
+  it("rejects capabilities that name another provider", async () => {
+    const fake = new FakeProvider({ capabilities: { ...fakeCapabilities(), provider: "someone-else" } });
+    const error = await rejection(runtimeWith(fake).execute(request(), options()));
+    expect(error.code).to.equal("protocol");
+    expect(error.details).to.deep.include({ expected: "fanout-test", actual: "someone-else" });
+  });
+
+  it("rejects a response for another model than advertised", async () => {
+    const fake = new FakeProvider({ capabilities: { ...fakeCapabilities(), model: "declared" } });
+    const error = await rejection(runtimeWith(fake).execute(request(), options()));
+    expect(error.code).to.equal("protocol");
+    expect(error.message).to.equal("provider answered with a different model");
+  });
+
+  it("checks the output set of fast-path responses", async () => {
+    const tamper: FakeOptions["tamper"] = (response) => {
+      response.data[0]!.index = 5;
+    };
+    const error = await rejection(runtimeWith(new FakeProvider({ tamper })).execute(request(), options()));
+    expect(error.code).to.equal("protocol");
+  });
+
+  const sets: [string, number[], number[], "fail_fast" | "best_effort", boolean][] = [
+    ["complete", [0, 1, 2], [], "fail_fast", true],
+    ["best effort with a failure", [0, 2], [1], "best_effort", true],
+    ["failures under fail fast", [0, 2], [1], "fail_fast", false],
+    ["duplicates", [0, 0, 2], [], "fail_fast", false],
+    ["descending", [1, 0, 2], [], "fail_fast", false],
+    ["too few", [0, 1], [], "fail_fast", false],
+  ];
+  for (const [name, data, failures, policy, ok] of sets) {
+    it(`output set: ${name} is ${ok ? "accepted" : "rejected"}`, () => {
+      const req = request({ parameters: { n: 3, failurePolicy: policy } });
+      const response = {
+        data: data.map((index) => ({ index })),
+        failures: failures.map((index) => ({ index })),
+      } as unknown as Parameters<typeof checkOutputSet>[1];
+      if (ok) expect(() => checkOutputSet(req, response)).to.not.throw();
+      else expect(() => checkOutputSet(req, response)).to.throw(ImageError).with.property("code", "protocol");
+    });
+  }
+
+  it("refuses at once when the provider gate has no queue room", async () => {
+    const probe = new ProbeProvider("probe", 2000);
+    const runtime = runtimeWith(probe, { admission: { perProvider: { maxConcurrent: 1, maxQueued: 0 } } });
+    const controller = new AbortController();
+    const first = runtime.execute(request(), options(controller.signal));
+    await probe.whenStarted(1);
+    const error = await rejection(runtime.execute(request(), options()));
+    expect(error.code).to.equal("overloaded");
+    expect(error.details["limit"]).to.equal("provider:probe");
+    controller.abort();
+    expect((await rejection(first)).code).to.equal("cancelled");
+  });
+
+  it("cancels work in flight and refuses new work on shutdown", async () => {
+    const probe = new ProbeProvider("probe", 5000);
+    const runtime = runtimeWith(probe);
+    const running = runtime.execute(request(), options());
+    await probe.whenStarted(1);
+    await runtime.shutdown();
+    const error = await rejection(running);
+    expect(error.code).to.equal("cancelled");
+    expect(error.details["outcome"]).to.equal("unknown");
+    expect(probe.aborted).to.equal(1);
+    expect((await rejection(runtime.execute(request(), options()))).message).to.equal("runtime is shutting down");
+  });
+
+  it("gives up on a provider that ignores cancellation after the grace", async () => {
+    const stubborn = new FakeProvider({ delayMs: 3000 });
+    const original = stubborn.execute.bind(stubborn);
+    stubborn.execute = (req, ctx) => original(req, { ...ctx, signal: new AbortController().signal });
+    const runtime = runtimeWith(stubborn, { cancellationGraceMs: 20 });
+    const error = await rejection(runtime.execute(request({ timeoutMs: 30 }), options()));
+    expect(error.code).to.equal("timeout");
+    expect(error.retryable).to.equal(false);
+    expect(error.details["outcome"]).to.equal("unknown");
+  });
+
+  it("fails to build with an unknown default provider or none at all", () => {
+    expect(() => buildImageRuntime(imagesConfigSchema.parse({ defaultProvider: "nope" }))).to.throw(ImageError);
+    expect(() => buildImageRuntime(imagesConfigSchema.parse({ reference: { enabled: false } }))).to.throw(ImageError);
+  });
+});
