@@ -3,7 +3,7 @@ import sharp from "sharp";
 import { imagesConfigSchema } from "../../src/images/config.js";
 import { createImageRequest, type ImageRequestInit, type ProviderEvent } from "../../src/images/contract/types.js";
 import { validateCapabilities } from "../../src/images/core/capabilities.js";
-import { ImageError } from "../../src/images/core/errors.js";
+import type { ImageError } from "../../src/images/core/errors.js";
 import type { ProviderContext } from "../../src/images/core/provider.js";
 import { outputOffsetOf, ReferenceProvider } from "../../src/images/providers/reference.js";
 
