@@ -13,8 +13,8 @@ import { pino } from "pino";
 import { ImageService } from "../gen/mmgate/images/v1/image_service_pb.js";
 import { ResponseFormat } from "../gen/mmgate/images/v1/images_pb.js";
 import {
-  buildImageRuntime,
   createImageRequest,
+  createImagesInstance,
   DEFAULT_REQUEST_LIMITS,
   imagesConfigSchema,
   OutputFanoutProvider,
@@ -25,8 +25,7 @@ import {
   type ProviderCapabilities,
   type ProviderContext,
 } from "../src/images/index.js";
-import { imageService } from "../src/images/service.js";
-import { bindService, defineModule, resolveConfig, startHost } from "../src/server/index.js";
+import { defineModule, resolveConfig, startHost } from "../src/server/index.js";
 
 const LATENCY_MS = 50;
 const N = 8;
@@ -148,10 +147,7 @@ async function serviceFigure(): Promise<{ batch: number; single: number }> {
     name: "images",
     description: "bench",
     configSchema: imagesConfigSchema,
-    create(ctx) {
-      const runtime = buildImageRuntime(ctx.config, { extraProviders: [new LatencyProvider()] });
-      return { services: [bindService(ImageService, imageService(runtime, ctx.drainSignal))], close: () => runtime.shutdown() };
-    },
+    create: (ctx) => createImagesInstance(ctx, { extraProviders: [new LatencyProvider()] }),
   });
   const config = resolveConfig(
     {

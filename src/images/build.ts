@@ -8,7 +8,7 @@ import { ReferenceProvider } from "./providers/reference.js";
 import { AdmissionGate, type AdmissionLimits } from "./runtime/admission.js";
 import { CircuitBreaker } from "./runtime/circuit-breaker.js";
 import { ProviderRegistry, type RegisteredProvider } from "./runtime/registry.js";
-import { ImageRuntime } from "./runtime/runtime.js";
+import { ImageRuntime, type RuntimeOutcome } from "./runtime/runtime.js";
 
 function admissionLimits(limits: { maxConcurrent: number | "unlimited"; maxQueued: number | "unlimited" }): AdmissionLimits {
   return {
@@ -22,6 +22,7 @@ export interface BuildOptions {
   readonly env?: Readonly<Record<string, string | undefined>>;
   /** Replaces or adds providers (tests, embedding). */
   readonly extraProviders?: readonly ImageProvider[];
+  readonly onOutcome?: (outcome: RuntimeOutcome) => void;
 }
 
 /** Builds the providers, their fan-out decorators, gates and breakers, and the runtime. */
@@ -59,5 +60,6 @@ export function buildImageRuntime(config: ImagesConfig, options: BuildOptions = 
     defaultTimeoutMs: config.defaultTimeoutMs,
     cancellationGraceMs: config.cancellationGraceMs,
     globalAdmission: admissionLimits(config.admission.global),
+    ...(options.onOutcome ? { onOutcome: options.onOutcome } : {}),
   });
 }

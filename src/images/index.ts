@@ -3,27 +3,44 @@
  * mmgate.images.v1.ImageService.
  */
 import { ImageService } from "../../gen/mmgate/images/v1/image_service_pb.js";
-import { bindService, defineModule } from "../server/index.js";
-import { buildImageRuntime } from "./build.js";
-import { imagesConfigSchema } from "./config.js";
+import { bindService, defineModule, type ModuleContext, type ModuleInstance } from "../server/index.js";
+import { buildImageRuntime, type BuildOptions } from "./build.js";
+import { imagesConfigSchema, type ImagesConfig } from "./config.js";
+import { ImageMetrics } from "./metrics.js";
+import type { ImageRuntime } from "./runtime/runtime.js";
 import { imageService } from "./service.js";
+
+/**
+ * Starts the capability: providers, runtime, metrics and the service
+ * binding. `options` lets embedders and tests add providers in code.
+ */
+export function createImagesInstance(
+  ctx: ModuleContext<ImagesConfig>,
+  options: Omit<BuildOptions, "onOutcome"> = {},
+): ModuleInstance & { runtime: ImageRuntime } {
+  // The gauges read the runtime at scrape time; it exists by then.
+  const holder: { runtime?: ImageRuntime } = {};
+  const metrics = new ImageMetrics(ctx.metrics, () => holder.runtime);
+  const runtime = buildImageRuntime(ctx.config, { ...options, onOutcome: (outcome) => metrics.record(outcome) });
+  holder.runtime = runtime;
+  return {
+    runtime,
+    services: [bindService(ImageService, imageService(runtime, ctx.drainSignal))],
+    close: () => runtime.shutdown(),
+  };
+}
 
 export const imagesModule = defineModule({
   name: "images",
   description: "Image generation over registered providers with bounded multi-output fan-out",
   configSchema: imagesConfigSchema,
-  create(ctx) {
-    const runtime = buildImageRuntime(ctx.config);
-    return {
-      services: [bindService(ImageService, imageService(runtime, ctx.drainSignal))],
-      close: () => runtime.shutdown(),
-    };
-  },
+  create: (ctx) => createImagesInstance(ctx),
 });
 
 export { imagesConfigSchema, type ImagesConfig, type OpenAiProviderConfig } from "./config.js";
 export { buildImageRuntime, type BuildOptions } from "./build.js";
-export { ImageRuntime } from "./runtime/runtime.js";
+export { ImageRuntime, type RuntimeOutcome } from "./runtime/runtime.js";
+export { ImageMetrics } from "./metrics.js";
 export { ProviderRegistry } from "./runtime/registry.js";
 export { AdmissionGate } from "./runtime/admission.js";
 export { CircuitBreaker, DEFAULT_CIRCUIT_BREAKER } from "./runtime/circuit-breaker.js";

@@ -6,11 +6,9 @@ import { expect } from "chai";
 import sharp from "sharp";
 import { ImageService } from "../../gen/mmgate/images/v1/image_service_pb.js";
 import * as pb from "../../gen/mmgate/images/v1/images_pb.js";
-import { buildImageRuntime } from "../../src/images/build.js";
 import { imagesConfigSchema } from "../../src/images/config.js";
-import { imagesModule } from "../../src/images/index.js";
-import { imageService } from "../../src/images/service.js";
-import { bindService, defineModule } from "../../src/server/index.js";
+import { createImagesInstance, imagesModule } from "../../src/images/index.js";
+import { defineModule } from "../../src/server/index.js";
 import { grpcServerStream, grpcUnary, startServer, type GrpcClient, type InProcessServer } from "../support/server.js";
 import { ProbeProvider } from "./probe-provider.js";
 
@@ -252,10 +250,7 @@ describe("images: ImageService cancellation, deadlines and breaker", function ()
       name: "images",
       description: "images with a probe provider",
       configSchema: imagesConfigSchema,
-      create(ctx) {
-        const runtime = buildImageRuntime(ctx.config, { extraProviders: [probe] });
-        return { services: [bindService(ImageService, imageService(runtime, ctx.drainSignal))], close: () => runtime.shutdown() };
-      },
+      create: (ctx) => createImagesInstance(ctx, { extraProviders: [probe] }),
     });
     server = await startServer({
       modules: [module],
@@ -352,5 +347,12 @@ describe("images: ImageService cancellation, deadlines and breaker", function ()
     // The other provider is unaffected.
     const probeCaps = await images.getCapabilities({ provider: "probe" });
     expect(probeCaps.capabilities?.provider).to.equal("probe");
+
+    const metrics = await (await fetch(`http://${server.adminAddr}/metrics`)).text();
+    expect(metrics).to.include('mmgate_images_circuit_state{provider="reference",state="open"} 1');
+    expect(metrics).to.include('mmgate_images_circuit_state{provider="probe",state="closed"} 1');
+    expect(metrics).to.match(/mmgate_images_requests_total\{provider="reference",code="overloaded"\} 1/);
+    expect(metrics).to.match(/mmgate_images_outputs_total\{provider="reference",result="failed"\} 3/);
+    expect(metrics).to.include('mmgate_images_queue_depth{scope="global",provider=""} 0');
   });
 });

@@ -13,6 +13,15 @@ export interface ImageRuntimeOptions {
   /** How long an interrupted provider gets to wind down. */
   readonly cancellationGraceMs: number;
   readonly globalAdmission: AdmissionLimits;
+  /** Called once per request that reached a provider's breaker. */
+  readonly onOutcome?: (outcome: RuntimeOutcome) => void;
+}
+
+export interface RuntimeOutcome {
+  readonly provider: string;
+  readonly generated: number;
+  readonly failed: number;
+  readonly error?: ImageError;
 }
 
 export interface ExecuteOptions {
@@ -69,6 +78,10 @@ export class ImageRuntime {
     this.globalGate = new AdmissionGate("global", options.globalAdmission);
   }
 
+  get globalQueueDepth(): number {
+    return this.globalGate.queueDepth;
+  }
+
   get limits(): RequestLimits {
     return this.options.limits;
   }
@@ -110,7 +123,13 @@ export class ImageRuntime {
     ]);
     const globalPermit = await this.globalGate.acquire(operation, deadline);
     try {
-      const breakerPermit = entry.breaker.acquire();
+      let breakerPermit;
+      try {
+        breakerPermit = entry.breaker.acquire();
+      } catch (error) {
+        this.options.onOutcome?.({ provider: entry.name, generated: 0, failed: request.parameters.n, error: toImageError(error) });
+        throw error;
+      }
       let outcome: ImageError | undefined;
       try {
         const queueStarted = performance.now();
@@ -140,6 +159,7 @@ export class ImageRuntime {
             providerMs: Math.round(performance.now() - providerStarted),
             totalMs: Math.round(performance.now() - started),
           };
+          this.options.onOutcome?.({ provider: entry.name, generated: response.data.length, failed: response.failures.length });
           return response;
         } finally {
           providerPermit.release();
@@ -147,6 +167,7 @@ export class ImageRuntime {
       } catch (error) {
         outcome = toImageError(error);
         if (outcome.provider === undefined && outcome.code !== "invalid_request") outcome = outcome.withProvider(entry.name);
+        this.options.onOutcome?.({ provider: entry.name, generated: 0, failed: request.parameters.n, error: outcome });
         throw outcome;
       } finally {
         if (outcome && (outcome.code === "cancelled" || outcome.code === "timeout") && options.signal.aborted) {

@@ -1,0 +1,76 @@
+import { Counter, Gauge, type Registry } from "prom-client";
+import { OutputFanoutProvider } from "./fanout/provider.js";
+import type { ImageRuntime, RuntimeOutcome } from "./runtime/runtime.js";
+
+const STATES = ["closed", "open", "half_open"] as const;
+
+/** Image metrics: gauges read at scrape time, counters fed by the runtime. */
+export class ImageMetrics {
+  private readonly requests: Counter<"provider" | "code">;
+  private readonly outputs: Counter<"provider" | "result">;
+
+  constructor(registry: Registry, runtime: () => ImageRuntime | undefined) {
+    new Gauge({
+      name: "mmgate_images_circuit_state",
+      help: "Circuit breaker state per provider (one-hot over closed, open, half_open)",
+      labelNames: ["provider", "state"],
+      registers: [registry],
+      collect() {
+        for (const entry of runtime()?.registry.list() ?? []) {
+          const state = entry.breaker.snapshot().state;
+          for (const s of STATES) this.set({ provider: entry.name, state: s }, s === state ? 1 : 0);
+        }
+      },
+    });
+    new Gauge({
+      name: "mmgate_images_circuit_rejected_calls",
+      help: "Calls refused by each provider's circuit breaker since start",
+      labelNames: ["provider"],
+      registers: [registry],
+      collect() {
+        for (const entry of runtime()?.registry.list() ?? []) this.set({ provider: entry.name }, entry.breaker.snapshot().rejectedCalls);
+      },
+    });
+    new Gauge({
+      name: "mmgate_images_queue_depth",
+      help: "Requests waiting for admission, globally and per provider",
+      labelNames: ["scope", "provider"],
+      registers: [registry],
+      collect() {
+        const rt = runtime();
+        if (!rt) return;
+        this.set({ scope: "global", provider: "" }, rt.globalQueueDepth);
+        for (const entry of rt.registry.list()) this.set({ scope: "provider", provider: entry.name }, entry.gate.queueDepth);
+      },
+    });
+    new Gauge({
+      name: "mmgate_images_fanout_active_operations",
+      help: "Upstream operations holding a fan-out permit, per provider",
+      labelNames: ["provider"],
+      registers: [registry],
+      collect() {
+        for (const entry of runtime()?.registry.list() ?? []) {
+          if (entry.provider instanceof OutputFanoutProvider) this.set({ provider: entry.name }, entry.provider.activeOperations);
+        }
+      },
+    });
+    this.requests = new Counter({
+      name: "mmgate_images_requests_total",
+      help: "Image requests by provider and result code (ok or the error code)",
+      labelNames: ["provider", "code"],
+      registers: [registry],
+    });
+    this.outputs = new Counter({
+      name: "mmgate_images_outputs_total",
+      help: "Image outputs by provider and result (generated or failed)",
+      labelNames: ["provider", "result"],
+      registers: [registry],
+    });
+  }
+
+  record(outcome: RuntimeOutcome): void {
+    this.requests.inc({ provider: outcome.provider, code: outcome.error?.code ?? "ok" });
+    if (outcome.generated > 0) this.outputs.inc({ provider: outcome.provider, result: "generated" }, outcome.generated);
+    if (outcome.failed > 0) this.outputs.inc({ provider: outcome.provider, result: "failed" }, outcome.failed);
+  }
+}
