@@ -9,6 +9,10 @@ import type { ProviderContext } from "../../src/images/core/provider.js";
 import { DEFAULT_REQUEST_LIMITS } from "../../src/images/core/validation.js";
 import { OutputFanoutProvider } from "../../src/images/fanout/provider.js";
 import { OpenAiImageProvider, parseRetryAfter } from "../../src/images/providers/openai.js";
+import { createClient } from "@connectrpc/connect";
+import { ImageService } from "../../gen/mmgate/images/v1/image_service_pb.js";
+import { imagesModule } from "../../src/images/index.js";
+import { startServer } from "../support/server.js";
 
 const KEY = "sk-test-secret-key-123456";
 
@@ -227,5 +231,38 @@ describe("images: OpenAI-compatible provider against a local fake upstream", fun
     const config = imagesConfigSchema.parse({ openai: [{ name: "gone", baseUrl: "http://127.0.0.1:1", apiKeyEnv: "TEST_KEY" }] }).openai[0]!;
     const error = await rejection(new OpenAiImageProvider(config, { TEST_KEY: KEY }).execute(request(), context()));
     expect([error.code, error.retryable]).to.deep.equal(["upstream", true]);
+  });
+
+  it("serves GenerateStream through ImageService with the upstream's partials", async () => {
+    const partial = await pngBase64(9);
+    const final = await pngBase64(200);
+    handler = (_req, res) => {
+      res.writeHead(200, { "content-type": "text/event-stream" });
+      res.write(`event: image_generation.partial_image\ndata: ${JSON.stringify({ type: "image_generation.partial_image", b64_json: partial, partial_image_index: 0 })}\n\n`);
+      res.write(`event: image_generation.completed\ndata: ${JSON.stringify({ type: "image_generation.completed", b64_json: final })}\n\n`);
+      res.end();
+    };
+    process.env["MMGATE_TEST_IMAGES_KEY"] = KEY;
+    const server = await startServer({
+      modules: [imagesModule],
+      config: { images: { defaultProvider: "oai", openai: [{ name: "oai", baseUrl, apiKeyEnv: "MMGATE_TEST_IMAGES_KEY" }] } },
+    });
+    try {
+      const events: string[] = [];
+      for await (const message of createClient(ImageService, server.transport).generateStream({
+        request: { prompt: "p", operation: { case: "generate", value: {} }, parameters: { partialImages: 1 } },
+      })) {
+        events.push(message.event.case ?? "none");
+        if (message.event.case === "completed") {
+          expect(message.event.value.response!.provider).to.equal("oai");
+          expect(message.event.value.response!.data[0]!.width).to.equal(8);
+        }
+      }
+      expect(events).to.deep.equal(["started", "partialImage", "completed"]);
+      expect(recorded[0]!.authorization).to.equal(`Bearer ${KEY}`);
+    } finally {
+      delete process.env["MMGATE_TEST_IMAGES_KEY"];
+      await server.close();
+    }
   });
 });

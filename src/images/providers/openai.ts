@@ -317,6 +317,7 @@ export class OpenAiImageProvider implements ImageProvider {
       parser.feed(value);
       if (parseFailure) throw parseFailure;
       for (const event of events.splice(0)) {
+        if (event.data === "[DONE]") continue;
         let payload: { type?: string; b64_json?: string; partial_image_index?: number; usage?: UpstreamUsage; revised_prompt?: string };
         try {
           payload = JSON.parse(event.data) as typeof payload;
