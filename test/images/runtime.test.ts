@@ -107,6 +107,8 @@ describe("images: runtime", () => {
     expect(error.details["limit"]).to.equal("provider:probe");
     controller.abort();
     expect((await rejection(first)).code).to.equal("cancelled");
+    // Neither our own full queue nor a caller that left counts against the provider.
+    expect(runtime.registry.resolve("probe").breaker.snapshot().consecutiveFailures).to.equal(0);
   });
 
   it("cancels work in flight and refuses new work on shutdown", async () => {

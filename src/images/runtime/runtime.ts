@@ -131,6 +131,7 @@ export class ImageRuntime {
         throw error;
       }
       let outcome: ImageError | undefined;
+      let dispatched = false;
       try {
         const queueStarted = performance.now();
         const providerPermit = await entry.gate.acquire(operation, deadline);
@@ -141,6 +142,7 @@ export class ImageRuntime {
           const routed = cloneRequest(request);
           routed.routing = { provider: entry.name, ...(request.routing.model !== undefined ? { model: request.routing.model } : {}) };
           const providerStarted = performance.now();
+          dispatched = true;
           const response = await this.runProvider(entry, routed, operation, deadline, options);
           if (capabilities.model !== undefined && response.model !== capabilities.model) {
             throw new ImageError("protocol", "provider answered with a different model", {
@@ -170,8 +172,9 @@ export class ImageRuntime {
         this.options.onOutcome?.({ provider: entry.name, generated: 0, failed: request.parameters.n, error: outcome });
         throw outcome;
       } finally {
-        if (outcome && (outcome.code === "cancelled" || outcome.code === "timeout") && options.signal.aborted) {
-          // The caller went away; that says nothing about the provider.
+        const callerGone = outcome !== undefined && (outcome.code === "cancelled" || outcome.code === "timeout") && options.signal.aborted;
+        if (callerGone || (outcome !== undefined && !dispatched)) {
+          // A caller that went away, or our own full queue, says nothing about the provider.
           breakerPermit.abandon();
         } else {
           breakerPermit.record(outcome?.code);
