@@ -19,6 +19,8 @@ export interface CliIo {
   readonly progress: boolean;
 }
 
+const DEFAULT_STREAM_PARTIALS = 2;
+
 const EXTENSIONS: Record<number, string> = {
   [pb.OutputFormat.PNG]: "png",
   [pb.OutputFormat.JPEG]: "jpg",
@@ -75,7 +77,7 @@ function imageRequest(prompt: string, o: GenerateOptions): pb.ImageRequest {
       quality: o.quality ?? 0,
       outputFormat: o.format ?? 0,
       background: o.background ?? 0,
-      partialImages: o.partials ?? (o.stream ? 2 : 0),
+      partialImages: o.partials ?? 0,
       failurePolicy: o.bestEffort ? pb.FailurePolicy.BEST_EFFORT : pb.FailurePolicy.FAIL_FAST,
     },
     routing: { provider: o.provider ?? "", model: o.model ?? "" },
@@ -161,8 +163,14 @@ class OutputProgress {
 async function generate(prompt: string, o: GenerateOptions, io: CliIo): Promise<number> {
   const client = createClient(ImageService, createGrpcTransport({ baseUrl: `http://${o.addr}` }));
   const headers = o.token ? { authorization: `Bearer ${o.token}` } : undefined;
-  const request = imageRequest(prompt, o);
   try {
+    let partials = o.partials;
+    if (partials === undefined && o.stream) {
+      // Two previews by default, within what the provider offers.
+      const caps = await client.getCapabilities({ provider: o.provider ?? "", model: o.model ?? "" });
+      partials = Math.min(DEFAULT_STREAM_PARTIALS, caps.capabilities?.partialImages?.max ?? 0);
+    }
+    const request = imageRequest(prompt, { ...o, ...(partials !== undefined ? { partials } : {}) });
     if (!o.stream) {
       const result = await client.generate({ request }, headers ? { headers } : {});
       return await saveResponse(result.response!, o.out, io);

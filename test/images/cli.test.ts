@@ -52,6 +52,7 @@ describe("images: CLI", function () {
     expect((await sharp(join(target, "image-1.jpg")).metadata()).format).to.equal("jpeg");
     expect(result.out).to.match(/^0\t.*image-0\.jpg\t32x32\t\d+ bytes\tsha256:[0-9a-f]{64}$/m);
     expect(result.err).to.include("output  1");
+    expect(result.err).to.match(/output {2}1 \[█+\] done/);
     expect(result.err).to.include("warning: emulated_multi_image_fanout");
   });
 

@@ -2,6 +2,7 @@ import { expect } from "chai";
 import { ImageError } from "../../src/images/core/errors.js";
 import { AdmissionGate } from "../../src/images/runtime/admission.js";
 import { CircuitBreaker, DEFAULT_CIRCUIT_BREAKER } from "../../src/images/runtime/circuit-breaker.js";
+import { ProviderRegistry } from "../../src/images/runtime/registry.js";
 
 async function rejection(promise: Promise<unknown>): Promise<ImageError> {
   try {
@@ -139,5 +140,36 @@ describe("images: circuit breaker", () => {
     for (let i = 0; i < 10; i += 1) b.acquire().record("upstream");
     expect(b.snapshot().state).to.equal("closed");
     expect(() => breaker({ failureThreshold: 0 })).to.throw(ImageError);
+  });
+});
+
+describe("images: provider registry", () => {
+  const entry = (name: string) => ({
+    name,
+    provider: {} as never,
+    gate: new AdmissionGate(`provider:${name}`, {}),
+    breaker: new CircuitBreaker(name, DEFAULT_CIRCUIT_BREAKER),
+  });
+
+  it("orders providers by name and resolves the default", () => {
+    const registry = new ProviderRegistry([entry("zeta"), entry("alpha")], "zeta");
+    expect(registry.list().map((e) => e.name)).to.deep.equal(["alpha", "zeta"]);
+    expect(registry.resolve().name).to.equal("zeta");
+    expect(registry.resolve("alpha").name).to.equal("alpha");
+    const error = thrown(() => registry.resolve("nope"));
+    expect(error.code).to.equal("configuration");
+    expect(error.message).to.equal("requested provider is not registered");
+    expect(error.details["provider"]).to.equal("nope");
+  });
+
+  it("rejects bad names, duplicates and a missing default", () => {
+    for (const [entries, fallback] of [
+      [[entry("Bad")], "Bad"],
+      [[entry("a"), entry("a")], "a"],
+      [[entry("a")], "b"],
+      [[entry("a".repeat(65))], "a".repeat(65)],
+    ] as const) {
+      expect(() => new ProviderRegistry([...entries], fallback)).to.throw(ImageError).with.property("code", "configuration");
+    }
   });
 });
