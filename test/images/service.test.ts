@@ -142,6 +142,28 @@ describe("images: ImageService over gRPC (reference provider)", function () {
     expect(completed.response.data.map((d) => d.index)).to.deep.equal([0, 1, 2, 3]);
   });
 
+  it("ends a failing stream with a typed status after started", async () => {
+    const error = (await grpcError(
+      grpcServerStream(client, "GenerateStream", {
+        request: { prompt: "FAIL-ME now", generate: {}, parameters: { n: 2, partialImages: 1 } },
+      }),
+    )) as grpc.ServiceError & { received?: { event: string }[] };
+    expect(error.code).to.equal(grpc.status.UNAVAILABLE);
+    expect(error.received?.[0]?.event).to.equal("started");
+    expect(error.received?.some((m) => m.event === "completed")).to.equal(false);
+    const detail = errorDetailOf(error);
+    expect(detail.code).to.equal(pb.ErrorCode.UPSTREAM);
+    expect(detail.provider).to.equal("reference");
+  });
+
+  it("rejects an invalid stream request before started", async () => {
+    const error = (await grpcError(
+      grpcServerStream(client, "GenerateStream", { request: { prompt: "", generate: {} } }),
+    )) as grpc.ServiceError & { received?: unknown[] };
+    expect(error.code).to.equal(grpc.status.INVALID_ARGUMENT);
+    expect(error.received).to.have.length(0);
+  });
+
   it("carries base64 or metadata only when asked", async () => {
     const images = createClient(ImageService, server.transport);
     const b64 = await images.generate({
@@ -354,5 +376,32 @@ describe("images: ImageService cancellation, deadlines and breaker", function ()
     expect(metrics).to.match(/mmgate_images_requests_total\{provider="reference",code="overloaded"\} 1/);
     expect(metrics).to.match(/mmgate_images_outputs_total\{provider="reference",result="failed"\} 3/);
     expect(metrics).to.include('mmgate_images_queue_depth{scope="global",provider=""} 0');
+  });
+});
+
+describe("images: GenerateStream while the server drains", function () {
+  this.timeout(30_000);
+
+  it("finishes the stream with the completed response and drops previews", async () => {
+    const server = await startServer({
+      modules: [imagesModule],
+      config: { images: { reference: { latencyMs: 2000, defaultSize: "16x16" } } },
+    });
+    const events: string[] = [];
+    let shutdown: Promise<void> | undefined;
+    try {
+      const stream = createClient(ImageService, server.transport).generateStream({
+        request: { prompt: "drain", operation: { case: "generate", value: {} }, parameters: { n: 2, partialImages: 3 } },
+      });
+      for await (const message of stream) {
+        events.push(message.event.case ?? "none");
+        if (message.event.case === "started") shutdown = server.host.shutdown();
+      }
+    } finally {
+      await (shutdown ?? server.close());
+    }
+    expect(events[0]).to.equal("started");
+    expect(events.at(-1)).to.equal("completed");
+    expect(events).to.not.include("partialImage");
   });
 });
