@@ -1,4 +1,5 @@
 import { Command } from "commander";
+import { imagesCommand } from "../images/index.js";
 import { mediaCommand } from "../media/cli.js";
 import { version } from "../version.js";
 import { healthCommand } from "./health.js";
@@ -13,6 +14,7 @@ export function program(): Command {
   root.addCommand(serveCommand());
   root.addCommand(healthCommand());
   root.addCommand(mediaCommand());
+  root.addCommand(imagesCommand());
   root.addCommand(
     new Command("version").description("print the version").action(() => {
       process.stdout.write(`mmgate ${version} (node ${process.version})\n`);

@@ -1,22 +1,16 @@
-import { randomUUID } from "node:crypto";
 import { create } from "@bufbuild/protobuf";
-import type { HandlerContext, ServiceImpl } from "@connectrpc/connect";
+import type { ServiceImpl } from "@connectrpc/connect";
 import * as caps from "../../gen/mmgate/images/v1/capabilities_pb.js";
 import * as svc from "../../gen/mmgate/images/v1/image_service_pb.js";
 import type { ProviderEvent } from "./contract/types.js";
 import { toImageError } from "./core/errors.js";
 import type { ImageRuntime } from "./runtime/runtime.js";
 import { EventQueue } from "./runtime/event-queue.js";
+import { requestIdOf } from "../server/index.js";
 import { capabilitiesToProto, requestFromProto, responseToProto, toConnectError } from "./wire.js";
 
-const REQUEST_ID = /^[A-Za-z0-9._:@/+=-]{1,128}$/;
 /** Stream events buffered between the provider and a slow client. */
 const STREAM_BUFFER = 4;
-
-function requestIdOf(ctx: HandlerContext): string {
-  const given = ctx.requestHeader.get("x-request-id");
-  return given !== null && REQUEST_ID.test(given) ? given : randomUUID();
-}
 
 async function mapErrors<T>(work: () => Promise<T>): Promise<T> {
   try {

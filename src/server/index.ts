@@ -7,3 +7,4 @@ export { bindService, defineModule } from "./module.js";
 export { HealthRegistry, ServingStatus } from "./health.js";
 export { Access, methodAccess } from "./auth.js";
 export { DescriptorIndex, addReflection, answerReflection } from "./reflection.js";
+export { requestIdOf } from "./rpc-observer.js";

@@ -3,7 +3,7 @@ import type { Http2ServerRequest, Http2ServerResponse } from "node:http2";
 import { randomUUID } from "node:crypto";
 import type { DescMethod } from "@bufbuild/protobuf";
 import { Code, ConnectError, createContextKey } from "@connectrpc/connect";
-import type { Interceptor } from "@connectrpc/connect";
+import type { ContextValues, Interceptor } from "@connectrpc/connect";
 import { codeFromHttpStatus, codeToString } from "@connectrpc/connect/protocol-connect";
 import type { Logger } from "pino";
 import type { RpcMetrics, RpcType } from "./metrics.js";
@@ -19,6 +19,14 @@ export interface RpcRecord {
 }
 
 export const rpcRecordKey = createContextKey<RpcRecord | undefined>(undefined, { description: "mmgate rpc record" });
+
+/**
+ * The request id the host logged for this call (the client's x-request-id,
+ * or the one it generated), for handlers that put it in responses.
+ */
+export function requestIdOf(ctx: { values: ContextValues; requestHeader: Headers }): string {
+  return ctx.values.get(rpcRecordKey)?.requestId ?? requestIdFrom({ "x-request-id": ctx.requestHeader.get("x-request-id") ?? undefined });
+}
 
 const REQUEST_ID = /^[A-Za-z0-9._:@/+=-]{1,128}$/;
 

@@ -122,6 +122,17 @@ describe("images: ImageService over gRPC (reference provider)", function () {
     expect(a.response!.data.map((d) => d.sha256)).to.deep.equal(b.response!.data.map((d) => d.sha256));
   });
 
+  it("uses the host's request id as the response id, the client's when it sends one", async () => {
+    const images = createClient(ImageService, server.transport);
+    const request = { request: { prompt: "ids", operation: { case: "generate" as const, value: {} }, parameters: { n: 1 } } };
+    let echoed: string | null = null;
+    const generated = await images.generate(request, { onHeader: (h) => (echoed = h.get("x-request-id")) });
+    expect(echoed).to.match(/^[0-9a-f-]{36}$/);
+    expect(generated.response!.id).to.equal(echoed);
+    const given = await images.generate(request, { headers: { "x-request-id": "client-id-7" } });
+    expect(given.response!.id).to.equal("client-id-7");
+  });
+
   it("streams n = 4 with per-index partial previews, then the completed response", async () => {
     const messages = await grpcServerStream<{ event: string } & Record<string, Record<string, unknown>>>(client, "GenerateStream", {
       request: { prompt: "a blue whale", generate: {}, parameters: { n: 4, partialImages: 2 } },
