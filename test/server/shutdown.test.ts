@@ -28,6 +28,28 @@ describe("graceful shutdown of `mmgate serve`", function () {
     });
   }
 
+  it("lets an in-flight unary call finish, refuses new connections, and exits 0", async () => {
+    // The reference image provider answers after 1.5 s: long enough to be in flight at SIGTERM.
+    server = await startChildServer(["--log-level", "info", "--set", "images.reference.latencyMs=1500", "--set", "images.reference.defaultSize=\"64x64\""]);
+    const images = server.grpcClient("mmgate/images/v1/image_service.proto", "mmgate.images.v1.ImageService");
+    const generate = grpcUnary<{ response: { data: unknown[] } }>(images, "Generate", {
+      request: { prompt: "in flight", generate: {}, parameters: { n: 2 } },
+    });
+    await new Promise((r) => setTimeout(r, 400));
+    server.process.kill("SIGTERM");
+    // Wait for the drain to begin (its log line), then try a fresh connection.
+    const deadline = Date.now() + 5000;
+    while (!server.stdout.some((l) => l.includes('"msg":"draining"')) && Date.now() < deadline) {
+      await new Promise((r) => setTimeout(r, 20));
+    }
+    const late = server.grpcClient("grpc/health/v1/health.proto", "grpc.health.v1.Health");
+    const err = await grpcUnary(late, "Check", { service: "" }, { deadline: new Date(Date.now() + 3000) }).catch((e: grpc.ServiceError) => e);
+    expect((err as grpc.ServiceError).code).to.equal(14); // UNAVAILABLE: the listener is closed
+    const res = await generate;
+    expect(res.response.data).to.have.length(2);
+    expect(await server.exited).to.equal(0);
+  });
+
   it("cuts a stream that outlives the grace, and still exits 0", async () => {
     server = await startChildServer(["--set", "shutdown.graceMs=300", "--log-level", "info"]);
     const reflection = server.grpcClient("grpc/reflection/v1/reflection.proto", "grpc.reflection.v1.ServerReflection");
