@@ -22,7 +22,7 @@ import { MediaError, toConnectError } from "./errors.js";
 import { fetchMedia, type Resolver } from "./fetcher.js";
 import { canonicalContentHash, formatContentHashKey, videoContentHash } from "./hash.js";
 import { decodeImage } from "./image-decoder.js";
-import { Semaphore } from "./semaphore.js";
+import { Semaphore } from "../util/index.js";
 import type { MediaTensorInfo } from "./tensor.js";
 import type { TensorStore } from "./tensor-store.js";
 import { validateVideoMetadata, videoDimensionsFromParts } from "./video.js";
@@ -55,15 +55,29 @@ export function createMediaService(deps: MediaServiceDeps): ServiceImpl<typeof M
   const decodeSlots = new Semaphore(config.decoder.maxConcurrentDecodes);
   const fetchSlots = new Semaphore(config.fetch.maxConcurrentFetches);
 
+  /** Runs `work` holding one of `slots`; a cancelled wait rethrows the caller's abort reason. */
+  async function withSlot<T>(slots: Semaphore, signal: AbortSignal, work: () => Promise<T>): Promise<T> {
+    let permit;
+    try {
+      permit = await slots.acquire(signal);
+    } catch (error) {
+      signal.throwIfAborted();
+      throw error;
+    }
+    try {
+      return await work();
+    } finally {
+      permit.release();
+    }
+  }
+
   async function encodedBytes(req: DecodeRequest, signal: AbortSignal): Promise<Uint8Array> {
     switch (req.source.case) {
       case "url": {
-        const release = await fetchSlots.acquire(signal);
-        try {
-          return await fetchMedia(req.source.value, policy, { signal, ...(deps.resolver ? { resolver: deps.resolver } : {}) });
-        } finally {
-          release();
-        }
+        const url = req.source.value;
+        return withSlot(fetchSlots, signal, () =>
+          fetchMedia(url, policy, { signal, ...(deps.resolver ? { resolver: deps.resolver } : {}) }),
+        );
       }
       case "data":
         if (req.source.value.length === 0) throw new MediaError("IMAGE_DECODE_FAILED", "image data is empty");
@@ -76,17 +90,13 @@ export function createMediaService(deps: MediaServiceDeps): ServiceImpl<typeof M
   async function decode(req: DecodeRequest, ctx: HandlerContext): Promise<DecodeResponse> {
     const options = req.options;
     const bytes = await encodedBytes(req, ctx.signal);
-    const release = await decodeSlots.acquire(ctx.signal);
-    let decoded;
-    try {
-      decoded = await decodeImage(bytes, limits, {
+    const decoded = await withSlot(decodeSlots, ctx.signal, () =>
+      decodeImage(bytes, limits, {
         forceRgb: options?.forceRgb ?? false,
         applyExifOrientation: options?.applyExifOrientation ?? false,
         signal: ctx.signal,
-      });
-    } finally {
-      release();
-    }
+      }),
+    );
     const size = decoded.data.length;
     if (options?.returnPixels && size > config.maxInlinePixelBytes) {
       throw new MediaError(

@@ -6,6 +6,7 @@ import { DEFAULT_REQUEST_LIMITS } from "../../src/images/core/validation.js";
 import { OutputFanoutProvider } from "../../src/images/fanout/provider.js";
 import { planChunks, subrequestId } from "../../src/images/fanout/subrequest.js";
 import { FakeProvider, fakeCapabilities, type FakeOptions } from "./fake-provider.js";
+import { rejection } from "./helpers.js";
 
 function decorate(options: FakeOptions = {}, config: Partial<{ maxOutputs: number; maxParallelOutputs: number; permitTimeoutMs: number; siblingGraceMs: number }> = {}) {
   const inner = new FakeProvider(options);
@@ -26,15 +27,6 @@ function request(init: Partial<ImageRequestInit> = {}) {
   return createImageRequest({ prompt: "a lighthouse", responseFormat: "metadata", ...init });
 }
 
-async function rejection(promise: Promise<unknown>): Promise<ImageError> {
-  try {
-    await promise;
-  } catch (error) {
-    expect(error).to.be.instanceOf(ImageError);
-    return error as ImageError;
-  }
-  throw new Error("expected a rejection");
-}
 
 function partialIndices(events: ProviderEvent[]): number[] {
   return events.flatMap((event) => (event.type === "partial_image" ? [event.index] : [])).sort((a, b) => a - b);

@@ -4,7 +4,6 @@ import { expect } from "chai";
 import sharp from "sharp";
 import { imagesConfigSchema } from "../../src/images/config.js";
 import { createImageRequest, type ImageRequestInit, type ProviderEvent } from "../../src/images/contract/types.js";
-import { ImageError } from "../../src/images/core/errors.js";
 import type { ProviderContext } from "../../src/images/core/provider.js";
 import { DEFAULT_REQUEST_LIMITS } from "../../src/images/core/validation.js";
 import { OutputFanoutProvider } from "../../src/images/fanout/provider.js";
@@ -13,6 +12,7 @@ import { createClient } from "@connectrpc/connect";
 import { ImageService } from "../../gen/mmgate/images/v1/image_service_pb.js";
 import { imagesModule } from "../../src/images/index.js";
 import { startServer } from "../support/server.js";
+import { rejection } from "./helpers.js";
 
 const KEY = "sk-test-secret-key-123456";
 
@@ -70,15 +70,6 @@ describe("images: OpenAI-compatible provider against a local fake upstream", fun
     return createImageRequest({ prompt: "a lighthouse", ...init });
   }
 
-  async function rejection(promise: Promise<unknown>): Promise<ImageError> {
-    try {
-      await promise;
-    } catch (error) {
-      expect(error).to.be.instanceOf(ImageError);
-      return error as ImageError;
-    }
-    throw new Error("expected a rejection");
-  }
 
   function json(res: ServerResponse, status: number, body: unknown, headers: Record<string, string> = {}) {
     res.writeHead(status, { "content-type": "application/json", ...headers }).end(JSON.stringify(body));

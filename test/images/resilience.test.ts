@@ -3,16 +3,8 @@ import { ImageError } from "../../src/images/core/errors.js";
 import { AdmissionGate } from "../../src/images/runtime/admission.js";
 import { CircuitBreaker, DEFAULT_CIRCUIT_BREAKER } from "../../src/images/runtime/circuit-breaker.js";
 import { ProviderRegistry } from "../../src/images/runtime/registry.js";
+import { rejection } from "./helpers.js";
 
-async function rejection(promise: Promise<unknown>): Promise<ImageError> {
-  try {
-    await promise;
-  } catch (error) {
-    expect(error).to.be.instanceOf(ImageError);
-    return error as ImageError;
-  }
-  throw new Error("expected a rejection");
-}
 
 function thrown(fn: () => unknown): ImageError {
   try {

@@ -6,6 +6,7 @@ import { buildImageRuntime } from "../../src/images/build.js";
 import { checkOutputSet } from "../../src/images/runtime/runtime.js";
 import { FakeProvider, fakeCapabilities, type FakeOptions } from "./fake-provider.js";
 import { ProbeProvider } from "./probe-provider.js";
+import { rejection } from "./helpers.js";
 
 function runtimeWith(fake: FakeProvider | ProbeProvider, config: Record<string, unknown> = {}) {
   return buildImageRuntime(imagesConfigSchema.parse({ reference: { enabled: false }, fanout: { maxOutputs: 4, maxParallelOutputs: 2 }, ...config }), {
@@ -19,15 +20,6 @@ function request(init: Partial<ImageRequestInit> = {}) {
 
 const options = (signal = new AbortController().signal) => ({ requestId: "rid", signal });
 
-async function rejection(promise: Promise<unknown>): Promise<ImageError> {
-  try {
-    await promise;
-  } catch (error) {
-    expect(error).to.be.instanceOf(ImageError);
-    return error as ImageError;
-  }
-  throw new Error("expected a rejection");
-}
 
 describe("images: runtime", () => {
   it("sets id, provider, timings and fan-out results", async () => {

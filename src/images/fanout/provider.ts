@@ -15,7 +15,7 @@ import { negotiateRequest } from "../core/negotiation.js";
 import type { ImageProvider, ProviderContext, ProviderEventSink } from "../core/provider.js";
 import { MAX_OUTPUTS_CEILING, validateRequest, type RequestLimits } from "../core/validation.js";
 import { aggregateChunks, type ChunkResult } from "./aggregate.js";
-import { AcquireError, Semaphore, type Permit } from "./semaphore.js";
+import { AcquireError, Semaphore, type Permit } from "../../util/index.js";
 import { planChunks, subrequestId, type ChunkSpec } from "./subrequest.js";
 
 export interface OutputFanoutConfig {

@@ -1,5 +1,5 @@
 import { ImageError } from "../core/errors.js";
-import { AcquireError, Semaphore, type Permit } from "../fanout/semaphore.js";
+import { AcquireError, Semaphore, type Permit } from "../../util/index.js";
 
 export interface AdmissionLimits {
   /** Simultaneous operations; undefined means unlimited. */

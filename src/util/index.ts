@@ -1,0 +1,1 @@
+export { AcquireError, Semaphore, type AcquireFailure, type Permit } from "./semaphore.js";
