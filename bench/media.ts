@@ -7,7 +7,7 @@ import { randomFillSync } from "node:crypto";
 import { performance } from "node:perf_hooks";
 import { xxh3 } from "@node-rs/xxhash";
 import sharp from "sharp";
-import { canonicalContentHash, decodeImage, DEFAULT_MAX_ALLOC } from "../src/media/index.js";
+import { canonicalContentHash, configureSharp, decodeImage, DEFAULT_MAX_ALLOC } from "../src/media/index.js";
 
 const MiB = 1024 * 1024;
 
@@ -30,6 +30,8 @@ function timeSync(fn: () => void, reps: number, warmup = 3): number {
 
 const gbps = (bytes: number, ms: number) => (bytes / (ms / 1000) / 1e9).toFixed(1);
 
+// The settings the media module applies when the server starts it.
+configureSharp(Number(process.env.THREADS ?? 0));
 console.log(`media bench — node ${process.version}, sharp ${sharp.versions.sharp} (libvips ${sharp.versions.vips}), concurrency ${sharp.concurrency()}`);
 console.log("\n# content hash vs Buffer.copy of the same bytes (median)");
 console.log("copy = src.copy(reused dst); new copy = Buffer.from(src) (allocation included)");

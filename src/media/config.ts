@@ -21,6 +21,12 @@ export const mediaConfigSchema = z.strictObject({
       maxAlloc: z.number().int().min(1).max(16 * GiB).default(DEFAULT_MAX_ALLOC),
       /** Decodes running at once; more wait (bounded by their deadline). */
       maxConcurrentDecodes: z.number().int().min(1).max(256).default(4),
+      /**
+       * libvips threads one decode may use (sharp.concurrency, process-wide);
+       * 0 means one per core. sharp's own default on glibc is 1, which makes a
+       * single large decode slower.
+       */
+      threadsPerDecode: z.number().int().min(0).max(64).default(0),
     })
     .prefault({}),
   fetch: z

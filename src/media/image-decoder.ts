@@ -1,3 +1,4 @@
+import { availableParallelism } from "node:os";
 import sharp from "sharp";
 import type { Metadata, OutputInfo } from "sharp";
 import { MediaError } from "./errors.js";
@@ -23,6 +24,16 @@ export interface ImageDecodeOptions {
   /** Apply the EXIF orientation tag (the reference does not). */
   readonly applyExifOrientation?: boolean;
   readonly signal?: AbortSignal;
+}
+
+/**
+ * Process-wide sharp settings for a decoding server: libvips threads per
+ * image (0 = one per core) and no operation cache (every input is new, so
+ * the cache would only hold memory).
+ */
+export function configureSharp(threadsPerDecode: number): void {
+  sharp.cache(false);
+  sharp.concurrency(threadsPerDecode === 0 ? availableParallelism() : threadsPerDecode);
 }
 
 const COLOR_TYPES: Record<number, ColorType> = { 1: "L8", 2: "La8", 3: "Rgb8", 4: "Rgba8" };

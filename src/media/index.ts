@@ -1,6 +1,7 @@
 import { defineModule, bindService } from "../server/module.js";
 import { MediaService } from "../../gen/mmgate/media/v1/media_pb.js";
 import { mediaConfigSchema } from "./config.js";
+import { configureSharp } from "./image-decoder.js";
 import { agentMetadataBytes, encodeNixlMetadata, newTransferAgent } from "./descriptor.js";
 import { MediaMetrics } from "./metrics.js";
 import { createMediaService } from "./service.js";
@@ -13,6 +14,7 @@ export const mediaModule = defineModule({
   configSchema: mediaConfigSchema,
   create(ctx) {
     const config = ctx.config;
+    configureSharp(config.decoder.threadsPerDecode);
     const store = new TensorStore({
       maxBytes: config.store.maxBytes,
       ttlMs: config.store.ttlMs,
@@ -54,7 +56,7 @@ export {
 } from "./hash.js";
 export { videoMetadataJson, formatF64 } from "./serde-json.js";
 export { videoDimensionsFromParts, type VideoDimensions } from "./video.js";
-export { decodeImage, checkImageLimits, DEFAULT_MAX_ALLOC, type ImageDecoderLimits, type ImageDecodeOptions } from "./image-decoder.js";
+export { configureSharp, decodeImage, checkImageLimits, DEFAULT_MAX_ALLOC, type ImageDecoderLimits, type ImageDecodeOptions } from "./image-decoder.js";
 export {
   agentMetadataBytes,
   buildDescriptor,

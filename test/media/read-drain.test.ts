@@ -41,7 +41,7 @@ describe("ReadTensor stream ending", () => {
 describe("config and decode slots", () => {
   it("parses {} to the documented defaults", () => {
     const c = mediaConfigSchema.parse({});
-    expect(c.decoder).to.deep.equal({ maxImageWidth: null, maxImageHeight: null, maxAlloc: 134217728, maxConcurrentDecodes: 4 });
+    expect(c.decoder).to.deep.equal({ maxImageWidth: null, maxImageHeight: null, maxAlloc: 134217728, maxConcurrentDecodes: 4, threadsPerDecode: 0 });
     expect(c.fetch).to.deep.equal({
       allowDirectIp: false,
       allowDirectPort: false,
