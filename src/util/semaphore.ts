@@ -18,6 +18,11 @@ interface Waiter {
   fail(reason: AcquireFailure): void;
 }
 
+function abortReason(signal: AbortSignal, deadline: number | undefined): AcquireFailure {
+  const timedOut = (signal.reason as { name?: unknown } | undefined)?.name === "TimeoutError";
+  return timedOut || (deadline !== undefined && Date.now() >= deadline) ? "deadline" : "aborted";
+}
+
 /**
  * A counting semaphore with FIFO waiters whose waits race closing,
  * cancellation and an absolute deadline.
@@ -39,10 +44,15 @@ export class Semaphore {
     return this.waiters.length;
   }
 
-  /** Waits for a permit until `signal` fires or `deadline` (epoch ms) passes. */
+  /**
+   * Waits for a permit until `signal` fires or `deadline` (epoch ms) passes.
+   * A wait the signal ends at or after the deadline, or through a timeout
+   * (AbortSignal.timeout), fails as "deadline": callers often fold their
+   * deadline into the signal too, and which timer fires first is a race.
+   */
   acquire(signal?: AbortSignal, deadline?: number): Promise<Permit> {
     if (this.closed) return Promise.reject(new AcquireError("closed"));
-    if (signal?.aborted) return Promise.reject(new AcquireError("aborted"));
+    if (signal?.aborted) return Promise.reject(new AcquireError(abortReason(signal, deadline)));
     if (this.available > 0 && this.waiters.length === 0) {
       this.available -= 1;
       return Promise.resolve(this.permit());
@@ -66,7 +76,7 @@ export class Semaphore {
           reject(new AcquireError(reason));
         },
       };
-      const onAbort = (): void => waiter.fail("aborted");
+      const onAbort = (): void => waiter.fail(abortReason(signal!, deadline));
       signal?.addEventListener("abort", onAbort, { once: true });
       if (deadline !== undefined) timer = setTimeout(() => waiter.fail("deadline"), Math.max(0, deadline - Date.now()));
       this.waiters.push(waiter);

@@ -103,6 +103,41 @@ describe("images: runtime", () => {
     expect(runtime.registry.resolve("probe").breaker.snapshot().consecutiveFailures).to.equal(0);
   });
 
+  for (const [where, config] of [
+    ["the global gate", { admission: { global: { maxConcurrent: 1, maxQueued: 4 } } }],
+    ["the provider gate", { admission: { perProvider: { maxConcurrent: 1, maxQueued: 4 } } }],
+    ["the fan-out permits", { fanout: { maxOutputs: 4, maxParallelOutputs: 1 } }],
+  ] as const) {
+    it(`reports a deadline reached while waiting at ${where} as a retryable timeout`, async () => {
+      const probe = new ProbeProvider("probe", 2000);
+      const runtime = runtimeWith(probe, config);
+      const controller = new AbortController();
+      const first = runtime.execute(request(), options(controller.signal));
+      await probe.whenStarted(1);
+      for (let i = 0; i < 3; i++) {
+        const error = await rejection(runtime.execute(request({ timeoutMs: 50 }), options()));
+        expect([error.code, error.retryable], error.message).to.deep.equal(["timeout", true]);
+      }
+      controller.abort();
+      await rejection(first);
+      expect(runtime.registry.resolve("probe").breaker.snapshot().consecutiveFailures).to.equal(0);
+      await runtime.shutdown();
+    });
+  }
+
+  it("rejects a model the reference provider does not serve, without tripping its breaker", async () => {
+    const runtime = buildImageRuntime(imagesConfigSchema.parse({ reference: { latencyMs: 0, defaultSize: "64x64" } }));
+    for (let i = 0; i < 8; i++) {
+      const error = await rejection(runtime.execute(request({ routing: { model: "no-such-model" } }), options()));
+      expect(error.code).to.equal("unsupported_capability");
+      expect(error.details["field"]).to.equal("routing.model");
+    }
+    expect(runtime.registry.resolve("reference").breaker.snapshot().consecutiveFailures).to.equal(0);
+    const ok = await runtime.execute(request({ routing: { model: "reference-image-1" } }), options());
+    expect(ok.data).to.have.length(1);
+    await runtime.shutdown();
+  });
+
   it("cancels work in flight and refuses new work on shutdown", async () => {
     const probe = new ProbeProvider("probe", 5000);
     const runtime = runtimeWith(probe);

@@ -53,6 +53,17 @@ describe("Semaphore", () => {
     held.release();
   });
 
+  it("reports a wait ended by a timeout signal, or by any signal past the deadline, as deadline", async () => {
+    const sem = new Semaphore(1);
+    const held = await sem.acquire();
+    // The caller's signal carries the deadline too, and fires first.
+    expect((await failure(sem.acquire(AbortSignal.timeout(10), Date.now() + 60_000))).reason).to.equal("deadline");
+    const ended = new AbortController();
+    ended.abort();
+    expect((await failure(sem.acquire(ended.signal, Date.now() - 1))).reason).to.equal("deadline");
+    held.release();
+  });
+
   it("fails every waiter and later acquire once closed; held permits stay valid", async () => {
     const sem = new Semaphore(1);
     const held = await sem.acquire();

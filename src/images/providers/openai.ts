@@ -139,13 +139,14 @@ export class OpenAiImageProvider implements ImageProvider {
     };
   }
 
-  async capabilities(model?: string): Promise<ProviderCapabilities> {
+  async capabilities(_model?: string): Promise<ProviderCapabilities> {
     const count = { min: 1, max: this.config.nativeCount };
     const none = { support: "unsupported" as const, maxCount: 0, maxBytesEach: 0, maxBytesTotal: 0 };
     return {
       provider: this.config.name,
       implementationVersion: OPENAI_PROVIDER_VERSION,
-      model: model ?? this.config.model,
+      // Only the configured model is served; negotiation rejects any other by name.
+      model: this.config.model,
       experimental: false,
       generation: true,
       edits: false,

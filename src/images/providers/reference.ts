@@ -72,13 +72,14 @@ export class ReferenceProvider implements ImageProvider {
     };
   }
 
-  async capabilities(model?: string): Promise<ProviderCapabilities> {
+  async capabilities(_model?: string): Promise<ProviderCapabilities> {
     const count = { min: 1, max: this.config.nativeCount };
     const input = { support: "native" as const, maxCount: 4, maxBytesEach: 16 * 1024 * 1024, maxBytesTotal: 64 * 1024 * 1024 };
     return {
       provider: this.config.name,
       implementationVersion: REFERENCE_PROVIDER_VERSION,
-      model: model ?? this.config.model,
+      // Only the configured model is served; negotiation rejects any other by name.
+      model: this.config.model,
       experimental: false,
       generation: true,
       edits: true,

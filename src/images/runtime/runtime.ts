@@ -173,7 +173,9 @@ export class ImageRuntime {
         throw outcome;
       } finally {
         const callerGone = outcome !== undefined && (outcome.code === "cancelled" || outcome.code === "timeout") && options.signal.aborted;
-        if (callerGone || (outcome !== undefined && !dispatched)) {
+        // A wait for our own fan-out capacity that ended before any call went out.
+        const neverSent = outcome !== undefined && outcome.details["stage"] === "capacity_wait" && outcome.details["outcome"] === undefined;
+        if (callerGone || neverSent || (outcome !== undefined && !dispatched)) {
           // A caller that went away, or our own full queue, says nothing about the provider.
           breakerPermit.abandon();
         } else {
