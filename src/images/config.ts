@@ -4,6 +4,8 @@ import { DEFAULT_REQUEST_LIMITS, MAX_OUTPUTS_CEILING, isValidSize } from "./core
 
 const MiB = 1024 * 1024;
 const positive = () => z.number().int().min(1);
+/** A duration in ms that Node timers can hold (setTimeout caps at 2^31 - 1). */
+const durationMs = () => positive().max(2 ** 31 - 1);
 /** A count, or "unlimited". */
 const limit = z.union([z.number().int().min(0), z.literal("unlimited")]);
 const size = z.string().refine((s) => s !== "auto" && isValidSize(s), "expected WxH, e.g. 512x512");
@@ -18,7 +20,7 @@ const requestLimitsSchema = z
     maxInputs: positive().max(1024).default(DEFAULT_REQUEST_LIMITS.maxInputs),
     maxInlineEncodedBytes: positive().max(1024 * MiB).default(DEFAULT_REQUEST_LIMITS.maxInlineEncodedBytes),
     maxEdge: positive().max(65_535).default(DEFAULT_REQUEST_LIMITS.maxEdge),
-    maxTimeoutMs: positive().default(DEFAULT_REQUEST_LIMITS.maxTimeoutMs),
+    maxTimeoutMs: durationMs().default(DEFAULT_REQUEST_LIMITS.maxTimeoutMs),
     maxIdentifierBytes: positive().max(4096).default(DEFAULT_REQUEST_LIMITS.maxIdentifierBytes),
   })
   .prefault({});
@@ -30,7 +32,7 @@ const fanoutSchema = z
     /** Provider-wide simultaneous upstream calls; "auto" means maxOutputs. */
     maxParallelOutputs: z.union([positive().max(MAX_OUTPUTS_CEILING), z.literal("auto")]).default(4),
     /** Longest wait for a fan-out permit (the request deadline applies too). */
-    permitTimeoutMs: positive().default(120_000),
+    permitTimeoutMs: durationMs().default(120_000),
     /** How long fail-fast waits for cancelled siblings. */
     siblingGraceMs: z.number().int().min(0).max(60_000).default(1000),
   })
@@ -87,7 +89,7 @@ const openaiSchema = z.strictObject({
   nativeCount: positive().max(MAX_OUTPUTS_CEILING).default(10),
   sizes: z.array(size).default(["1024x1024", "1536x1024", "1024x1536"]),
   /** Upper bound of one upstream HTTP call. */
-  requestTimeoutMs: positive().default(600_000),
+  requestTimeoutMs: durationMs().default(600_000),
   /** Largest upstream response body accepted. */
   maxResponseBytes: positive().default(256 * MiB),
 });
@@ -97,7 +99,7 @@ export const imagesConfigSchema = z
     /** Provider used when a request names none; "" means the first enabled one. */
     defaultProvider: z.string().default(""),
     limits: requestLimitsSchema,
-    defaultTimeoutMs: positive().default(300_000),
+    defaultTimeoutMs: durationMs().default(300_000),
     /** Time an interrupted provider gets to wind down. */
     cancellationGraceMs: positive().max(30_000).default(1000),
     fanout: fanoutSchema,
