@@ -63,12 +63,41 @@ export function decodeDataUrl(url: string, maxBytes: number): Uint8Array {
   return new Uint8Array(bytes.buffer, bytes.byteOffset, bytes.length);
 }
 
-/** Resolves a host and refuses it if any of its addresses is blocked. */
-async function resolveChecked(host: string, policy: FetchPolicy, resolver: Resolver): Promise<readonly ResolvedAddress[]> {
+/** Settles with `work`, or rejects with the signal's reason as soon as it fires. */
+function untilAborted<T>(work: Promise<T>, signal: AbortSignal): Promise<T> {
+  if (signal.aborted) return Promise.reject(signal.reason as Error);
+  return new Promise<T>((resolve, reject) => {
+    const onAbort = () => reject(signal.reason as Error);
+    signal.addEventListener("abort", onAbort, { once: true });
+    work.then(
+      (value) => {
+        signal.removeEventListener("abort", onAbort);
+        resolve(value);
+      },
+      (error: unknown) => {
+        signal.removeEventListener("abort", onAbort);
+        reject(error as Error);
+      },
+    );
+  });
+}
+
+/**
+ * Resolves a host and refuses it if any of its addresses is blocked. A
+ * resolver that never answers cannot outlive the fetch's deadline or the
+ * caller's cancellation.
+ */
+async function resolveChecked(
+  host: string,
+  policy: FetchPolicy,
+  resolver: Resolver,
+  signal: AbortSignal,
+): Promise<readonly ResolvedAddress[]> {
   let addresses: readonly ResolvedAddress[];
   try {
-    addresses = await resolver(host);
+    addresses = await untilAborted(resolver(host), signal);
   } catch (error) {
+    signal.throwIfAborted();
     const why = error instanceof Error ? error.message : String(error);
     throw new MediaError("URL_RESOLVE_FAILED", `Failed to resolve ${host}: ${why}`);
   }
@@ -186,7 +215,7 @@ export async function fetchMedia(url: string, policy: FetchPolicy, options: Fetc
         throw new MediaError("FETCH_REDIRECT_INVALID", "Redirect to a data URL is not allowed");
       }
       const host = parsed.hostname;
-      const addresses = ipLiteralOf(host) === null ? await resolveChecked(host, policy, resolver) : null;
+      const addresses = ipLiteralOf(host) === null ? await resolveChecked(host, policy, resolver, signal) : null;
       signal.throwIfAborted();
       const hop = await request(parsed, addresses, policy, signal);
       if (hop.location !== undefined) {

@@ -1,7 +1,7 @@
 import { xxh3 } from "@node-rs/xxhash";
 import { MediaError } from "./errors.js";
 import { videoMetadataJson } from "./serde-json.js";
-import { DTYPE_BYTE, isImageMetadata, isVideoMetadata } from "./tensor.js";
+import { DTYPE_BYTE, MAX_TENSOR_RANK, isImageMetadata, isVideoMetadata } from "./tensor.js";
 import type { DataType, MediaTensorInfo } from "./tensor.js";
 
 /**
@@ -63,6 +63,9 @@ class HeaderWriter {
   }
 
   shape(shape: readonly number[], dtype: DataType): this {
+    if (shape.length > MAX_TENSOR_RANK) {
+      throw new MediaError("TENSOR_INVALID", `tensor rank ${shape.length} exceeds the limit of ${MAX_TENSOR_RANK}`);
+    }
     this.u64(BigInt(shape.length));
     for (const dim of shape) this.u64(checkDim(dim));
     return this.bytes(Uint8Array.of(DTYPE_BYTE[dtype]));

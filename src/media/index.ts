@@ -25,7 +25,7 @@ export const mediaModule = defineModule({
     const agent = newTransferAgent(ctx.advertisedAddress);
     const nixlMetadata = encodeNixlMetadata(agentMetadataBytes(agent));
     ctx.logger.info({ agent: agent.name, storeBytes: config.store.maxBytes }, "media tensor store ready");
-    const service = createMediaService({ config, store, nixlMetadata, drainSignal: ctx.drainSignal, logger: ctx.logger });
+    const service = createMediaService({ config, store, nixlMetadata, logger: ctx.logger });
     return {
       services: [bindService(MediaService, service)],
       close() {

@@ -33,7 +33,6 @@ export interface MediaServiceDeps {
   readonly store: TensorStore;
   /** "b64:…" metadata of this process's transfer agent. */
   readonly nixlMetadata: string;
-  readonly drainSignal: AbortSignal;
   readonly logger?: Logger;
   /** Name resolution for URL fetches (tests substitute one). */
   readonly resolver?: Resolver;
@@ -161,9 +160,12 @@ export function createMediaService(deps: MediaServiceDeps): ServiceImpl<typeof M
     if (req.offset > total || end > total) {
       throw new MediaError("READ_RANGE_INVALID", `range ${req.offset}+${req.length} is outside the tensor's ${total} bytes`, total, end);
     }
+    // The stream is finite and served from memory, so it runs to its end even
+    // while the server drains: stopping early would hand the receiver a
+    // partial tensor under status OK. The host's grace still bounds it.
     const chunk = config.readChunkBytes;
     for (let at = Number(req.offset); at < Number(end); at += chunk) {
-      if (ctx.signal.aborted || deps.drainSignal.aborted) return;
+      if (ctx.signal.aborted) return;
       const stop = Math.min(at + chunk, Number(end));
       yield create(ReadTensorResponseSchema, { offset: BigInt(at), data: data.subarray(at, stop), totalSize: total });
     }

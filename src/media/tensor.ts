@@ -4,6 +4,12 @@ export type DataType = "UINT8";
 /** Hash discriminant of each data type (widen when a type is added). */
 export const DTYPE_BYTE: Record<DataType, number> = { UINT8: 0 };
 
+/** Most dimensions a tensor may have (images have 3, videos 4). */
+export const MAX_TENSOR_RANK = 8;
+
+/** Most sampled timestamps or frame indices video metadata may carry. */
+export const MAX_VIDEO_FRAMES = 65_536;
+
 export type ColorType = "L8" | "La8" | "Rgb8" | "Rgba8";
 
 /** Source format names as the reference's image crate spells them. */

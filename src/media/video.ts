@@ -1,5 +1,6 @@
 import { MediaError } from "./errors.js";
 import type { MediaTensorInfo, VideoMetadata } from "./tensor.js";
+import { MAX_VIDEO_FRAMES } from "./tensor.js";
 
 const U64_MAX = (1n << 64n) - 1n;
 const U32_MAX = 0xffff_ffffn;
@@ -51,6 +52,15 @@ export function videoDimensionsFromParts(info: MediaTensorInfo, bytes: Uint8Arra
 
 /** Checks that video metadata holds only values the wire format can carry. */
 export function validateVideoMetadata(metadata: VideoMetadata): void {
+  const longest = Math.max(metadata.sampled_timestamps.length, metadata.frames_indices?.length ?? 0);
+  if (longest > MAX_VIDEO_FRAMES) {
+    throw new MediaError(
+      "VIDEO_METADATA_INVALID",
+      `video metadata lists ${longest} frames, more than the limit of ${MAX_VIDEO_FRAMES}`,
+      BigInt(MAX_VIDEO_FRAMES),
+      BigInt(longest),
+    );
+  }
   const floats = [metadata.source_fps, metadata.source_duration, ...metadata.sampled_timestamps];
   if (!floats.every(Number.isFinite)) {
     throw new MediaError("VIDEO_METADATA_INVALID", "video metadata must hold finite numbers");

@@ -9,9 +9,18 @@ import {
 } from "../../gen/mmgate/media/v1/media_pb.js";
 import { MediaError } from "./errors.js";
 import type { DataType, MediaTensorInfo, VideoMetadata } from "./tensor.js";
+import { MAX_TENSOR_RANK } from "./tensor.js";
 
 /** Proto shape (uint64) to numbers; dimensions beyond 2^53 are refused. */
 export function shapeFromProto(shape: readonly bigint[]): number[] {
+  if (shape.length > MAX_TENSOR_RANK) {
+    throw new MediaError(
+      "TENSOR_INVALID",
+      `tensor rank ${shape.length} exceeds the limit of ${MAX_TENSOR_RANK}`,
+      BigInt(MAX_TENSOR_RANK),
+      BigInt(shape.length),
+    );
+  }
   return shape.map((d) => {
     if (d > BigInt(Number.MAX_SAFE_INTEGER)) throw new MediaError("TENSOR_INVALID", `tensor dimension ${d} is too large`);
     return Number(d);

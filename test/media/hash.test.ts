@@ -11,6 +11,7 @@ import {
 import { formatF64, videoMetadataJson } from "../../src/media/serde-json.js";
 import { videoDimensionsFromParts } from "../../src/media/video.js";
 import type { MediaTensorInfo, VideoMetadata } from "../../src/media/tensor.js";
+import { MAX_TENSOR_RANK } from "../../src/media/tensor.js";
 import { MediaError } from "../../src/media/errors.js";
 
 function u64le(v: number | bigint): Buffer {
@@ -58,7 +59,9 @@ describe("media content hash", () => {
   });
 
   it("agrees between the one-shot and the streaming path on both sides of the threshold", () => {
-    for (const size of [1, ONE_SHOT_MAX_BYTES - 33, ONE_SHOT_MAX_BYTES - 32, ONE_SHOT_MAX_BYTES, 4096, 1 << 20]) {
+    // A rank-3 header is 33 bytes: payloads of threshold-34 and threshold-33
+    // bytes sit just under and exactly at the threshold.
+    for (const size of [1, ONE_SHOT_MAX_BYTES - 34, ONE_SHOT_MAX_BYTES - 33, ONE_SHOT_MAX_BYTES, 4096, 1 << 20]) {
       const bytes = Uint8Array.from({ length: size }, (_, i) => (i * 31 + 7) & 0xff);
       const shape = [1, size, 1];
       expect(canonicalContentHash(shape, "UINT8", bytes), `size ${size}`).to.equal(imageRule(shape, bytes));
@@ -69,6 +72,12 @@ describe("media content hash", () => {
     const backing = Uint8Array.from({ length: 5000 }, (_, i) => i & 0xff);
     const view = backing.subarray(7, 4007);
     expect(canonicalContentHash([4000], "UINT8", view)).to.equal(imageRule([4000], backing.slice(7, 4007)));
+  });
+
+  it("refuses tensors of more than MAX_TENSOR_RANK dimensions before building anything", () => {
+    expect(canonicalContentHash(Array(MAX_TENSOR_RANK).fill(1), "UINT8", Uint8Array.of(7))).to.be.a("bigint");
+    expect(() => canonicalContentHash(Array(MAX_TENSOR_RANK + 1).fill(1), "UINT8", Uint8Array.of(7)))
+      .to.throw(MediaError, `tensor rank ${MAX_TENSOR_RANK + 1} exceeds the limit of ${MAX_TENSOR_RANK}`);
   });
 
   it("formats keys as 16 zero-padded lowercase hex digits and parses them back", () => {

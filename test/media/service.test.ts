@@ -168,6 +168,25 @@ describe("MediaService contract", function () {
       expect(short.message).to.include("decoded video payload has 11 bytes, expected 12");
     });
 
+    it("HashTensor refuses shapes and metadata beyond their size limits", async () => {
+      // 7 MB of ones would take seconds and gigabytes to turn into a header.
+      const deep = await connectError(client.hashTensor({ shape: Array<bigint>(1_000_000).fill(1n), data: Uint8Array.of(1) }));
+      expect(deep.code).to.equal(Code.InvalidArgument);
+      expect(deep.message).to.include("tensor rank 1000000 exceeds the limit of 8");
+      expect(detailCode(deep)).to.equal("TENSOR_INVALID");
+      const frames = await connectError(
+        client.hashTensor({
+          shape: [2n, 1n, 2n, 3n],
+          data: new Uint8Array(12),
+          videoMetadata: { sourceFps: 24, sourceDuration: 10, sampledTimestamps: Array<number>(65_537).fill(0) },
+        }),
+      );
+      expect(frames.message).to.include("video metadata lists 65537 frames, more than the limit of 65536");
+      expect(detailCode(frames)).to.equal("VIDEO_METADATA_INVALID");
+      // The server still answers.
+      expect((await client.hashTensor({ shape: [1n, 2n, 3n], data: Uint8Array.of(0, 1, 2, 3, 4, 5) })).contentHashKey).to.equal("7a9bbcb11a898630");
+    });
+
     it("Decode enforces every limit with a typed detail", async () => {
       const wide = await connectError(client.decode({ source: { case: "data", value: claimedPng(4001, 10) } }));
       expect(wide.code).to.equal(Code.InvalidArgument);

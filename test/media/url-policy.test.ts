@@ -280,4 +280,21 @@ describe("media fetcher against a local HTTP server", function () {
     setTimeout(() => controller.abort(), 50);
     expect(await pending).to.equal("FETCH_CANCELED");
   });
+
+  describe("a resolver that never answers", () => {
+    const silent: Resolver = () => new Promise(() => undefined);
+
+    it("cannot outlive the fetch timeout", async () => {
+      expect(await fetchCode(fetchMedia(`http://media.test:${port}/ok`, { ...loopback, timeoutMs: 100 }, { resolver: silent }))).to.equal(
+        "FETCH_TIMEOUT",
+      );
+    });
+
+    it("cannot outlive the caller's cancellation", async () => {
+      const controller = new AbortController();
+      const pending = fetchCode(fetchMedia(`http://media.test:${port}/ok`, loopback, { resolver: silent, signal: controller.signal }));
+      setTimeout(() => controller.abort(), 50);
+      expect(await pending).to.equal("FETCH_CANCELED");
+    });
+  });
 });
