@@ -74,28 +74,38 @@ function closeServer(server: { close(cb: (err?: Error) => void): unknown }): Pro
 
 /**
  * gRPC clients expect a gRPC status for an unknown method, not an HTTP 404:
- * a trailers-only response, sent once the request body has been read (a
- * response that ends before the request does is seen as a reset stream).
+ * a trailers-only response, sent at once (a bidi client may wait for headers
+ * before it half-closes). The request body is still read to its end, so the
+ * stream closes cleanly rather than being reset, and nothing is written to a
+ * stream the client already reset.
  */
 function unknownMethod(req: NodeReq, res: NodeRes): void {
   const path = (req.url ?? "").split("?", 1)[0] ?? "";
   const message = `unknown method ${path.slice(0, 200)}`;
   const contentType = req.headers["content-type"] ?? "";
   req.resume();
-  req.once("end", () => {
+  req.on("error", () => undefined);
+  if (res.destroyed || res.writableEnded) return;
+  try {
     if (contentType.startsWith("application/grpc")) {
       const headers = {
         "content-type": contentType,
         "grpc-status": String(Code.Unimplemented),
         "grpc-message": encodeURIComponent(message),
       };
-      if ("stream" in res) res.stream.respond({ ":status": 200, ...headers }, { endStream: true });
-      else res.writeHead(200, headers).end();
+      if ("stream" in res) {
+        if (res.stream.destroyed || res.stream.closed) return;
+        res.stream.respond({ ":status": 200, ...headers }, { endStream: true });
+      } else {
+        res.writeHead(200, headers).end();
+      }
       return;
     }
     res.writeHead(404, { "content-type": "application/json" });
     res.end(JSON.stringify({ code: "unimplemented", message }));
-  });
+  } catch {
+    // The client went away between the check and the write: nothing to answer.
+  }
 }
 
 /** Refuses new RPCs once the server drains; health stays reachable so probes see NOT_SERVING. */

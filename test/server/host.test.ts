@@ -72,6 +72,33 @@ describe("server host", () => {
       await stillServes();
     });
 
+    it("survives clients that reset or drop an unknown-method call mid-flight", async () => {
+      for (const how of ["reset", "drop"] as const) {
+        for (let i = 0; i < 10; i++) {
+          const session = http2.connect(`http://${server.addr}`);
+          session.on("error", () => undefined);
+          await new Promise((r) => session.once("connect", r));
+          const req = session.request({ ":method": "POST", ":path": "/no.Such/Method", "content-type": "application/grpc" });
+          req.on("error", () => undefined);
+          req.end(envelope(new Uint8Array()));
+          if (how === "reset") req.close(http2.constants.NGHTTP2_CANCEL);
+          else session.destroy();
+          await new Promise((r) => setTimeout(r, 20));
+          session.destroy();
+        }
+      }
+      await stillServes();
+    });
+
+    it("answers an unknown method before the client half-closes", async () => {
+      const session = http2.connect(`http://${server.addr}`);
+      const req = session.request({ ":method": "POST", ":path": "/no.Such/Bidi", "content-type": "application/grpc" });
+      const headers = await new Promise<http2.IncomingHttpHeaders>((resolve) => req.once("response", resolve));
+      expect(Number(headers["grpc-status"])).to.equal(Code.Unimplemented);
+      req.close();
+      session.close();
+    });
+
     it("rejects a message over the receive limit with RESOURCE_EXHAUSTED", async () => {
       const health = server.grpcClient("grpc/health/v1/health.proto", "grpc.health.v1.Health");
       const err = await grpcUnary(health, "Check", { service: "x".repeat(5000) }).catch((e: grpc.ServiceError) => e);
