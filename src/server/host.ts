@@ -2,7 +2,7 @@ import { setMaxListeners } from "node:events";
 import { readFileSync } from "node:fs";
 import type { Server as HttpServer, IncomingMessage, ServerResponse } from "node:http";
 import * as http2 from "node:http2";
-import type { AddressInfo } from "node:net";
+import type { AddressInfo, Socket } from "node:net";
 import type { DescMethod } from "@bufbuild/protobuf";
 import type { ConnectRouter, Interceptor } from "@connectrpc/connect";
 import { Code, ConnectError, createContextValues } from "@connectrpc/connect";
@@ -151,6 +151,14 @@ export async function startHost(options: HostOptions): Promise<Host> {
       )
     : http2.createServer({ settings, maxSessionMemory: 64 }, onRequest);
 
+  // Raw sockets too: a connection that never sends the HTTP/2 preface (or
+  // never finishes its TLS handshake) has no session, and would otherwise
+  // keep the listener from closing after the grace.
+  const sockets = new Set<Socket>();
+  server.on("connection", (socket: Socket) => {
+    sockets.add(socket);
+    socket.once("close", () => sockets.delete(socket));
+  });
   const sessions = new Set<http2.ServerHttp2Session>();
   server.on("session", (session) => {
     sessions.add(session);
@@ -225,6 +233,8 @@ export async function startHost(options: HostOptions): Promise<Host> {
     },
   });
   handle = (req, res) => {
+    // HTTP/1.1 (TLS only) keeps connections alive; while draining, ask the client to close.
+    if (drainController.signal.aborted && req.httpVersionMajor === 1) res.setHeader("connection", "close");
     observer.begin(req, res);
     adapter(req, res);
   };
@@ -266,10 +276,11 @@ export async function startHost(options: HostOptions): Promise<Host> {
     const outcome = await Promise.race([listenerClosed.then(() => "drained" as const), graceOver]);
     clearTimeout(timer);
     if (outcome === "grace") {
-      logger.warn({ openSessions: sessions.size }, "grace period over: cancelling the calls still running");
+      logger.warn({ openSessions: sessions.size, openSockets: sockets.size }, "grace period over: cancelling the calls still running");
       abortController.abort(new ConnectError("server shut down", Code.Unavailable));
       await new Promise((r) => setTimeout(r, 50));
       for (const session of sessions) session.destroy();
+      for (const socket of sockets) socket.destroy();
       await listenerClosed;
     }
     for (const { name, instance } of instances.reverse()) {

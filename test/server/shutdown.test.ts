@@ -1,3 +1,4 @@
+import { connect } from "node:net";
 import type * as grpc from "@grpc/grpc-js";
 import { expect } from "chai";
 import type { ChildServer } from "../support/server.js";
@@ -68,5 +69,20 @@ describe("graceful shutdown of `mmgate serve`", function () {
     expect(await outcome).to.match(/^error \d+$/);
     const messages = server.stdout.map((l) => (JSON.parse(l) as { msg: string }).msg);
     expect(messages).to.include("grace period over: cancelling the calls still running");
+  });
+
+  it("closes connections that never spoke HTTP/2 once the grace is over", async () => {
+    server = await startChildServer(["--set", "shutdown.graceMs=300"]);
+    const [host, port] = [server.addr.slice(0, server.addr.lastIndexOf(":")), Number(server.addr.slice(server.addr.lastIndexOf(":") + 1))];
+    // An idle TCP connection, and one that sent half a preface.
+    const idle = connect(port, host);
+    const half = connect(port, host, () => half.write("PRI * HTTP/2.0\r\n"));
+    for (const socket of [idle, half]) socket.on("error", () => undefined);
+    await Promise.all([idle, half].map((socket) => new Promise((r) => socket.once("connect", r))));
+    server.process.kill("SIGTERM");
+    // Without closing them the listener never finishes closing and the process hangs.
+    expect(await server.exited).to.equal(0);
+    idle.destroy();
+    half.destroy();
   });
 });
