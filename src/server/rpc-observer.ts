@@ -7,6 +7,7 @@ import type { ContextValues, Interceptor } from "@connectrpc/connect";
 import { codeFromHttpStatus, codeToString } from "@connectrpc/connect/protocol-connect";
 import type { Logger } from "pino";
 import type { RpcMetrics, RpcType } from "./metrics.js";
+import { StatusSniffer, bodyStatusFormat } from "./status-sniffer.js";
 
 /** What the host learns about one RPC while it runs. */
 export interface RpcRecord {
@@ -60,8 +61,10 @@ type NodeRes = Http2ServerResponse | ServerResponse;
 /**
  * Observes every request at the HTTP level, so that requests which never
  * reach a handler (unknown methods, oversized or malformed messages) are
- * logged and counted too. The status comes from the interceptor when it saw
- * one, else from the gRPC trailers, else from the HTTP status.
+ * logged and counted too. The status is what went on the wire: the gRPC
+ * trailers, or the status the gRPC-Web and Connect protocols put in the
+ * body; else the one the host or interceptor recorded; else CANCELLED for a
+ * response cut short.
  */
 export class RpcObserver {
   private readonly methods = new Map<string, { service: string; method: string; type: RpcType }>();
@@ -101,17 +104,34 @@ export class RpcObserver {
       if (typeof status === "string") trailerStatus = status;
       addTrailers(headers);
     };
+    // gRPC-Web and Connect put it in the body.
+    const sniffer = new StatusSniffer(bodyStatusFormat(req.headers["content-type"]));
+    if (sniffer.watchesBody) {
+      const write = res.write.bind(res) as (...args: unknown[]) => boolean;
+      const end = res.end.bind(res) as (...args: unknown[]) => unknown;
+      const see = (chunk: unknown) => {
+        if (chunk instanceof Uint8Array) sniffer.write(chunk);
+      };
+      (res as { write: (...args: unknown[]) => boolean }).write = (...args) => {
+        see(args[0]);
+        return write(...args);
+      };
+      (res as { end: (...args: unknown[]) => unknown }).end = (...args) => {
+        if (typeof args[0] !== "function") see(args[0]);
+        return end(...args);
+      };
+    }
 
     let done = false;
     const finish = (closedEarly: boolean) => {
       if (done) return;
       done = true;
-      let code: Code | 0;
-      if (record.code !== undefined) code = record.code;
-      else if (trailerStatus !== undefined) code = Number(trailerStatus) as Code | 0;
-      else if (typeof res.getHeader("grpc-status") === "string") code = Number(res.getHeader("grpc-status")) as Code | 0;
-      else if (closedEarly) code = Code.Canceled;
-      else code = res.statusCode === 200 ? 0 : codeFromHttpStatus(res.statusCode);
+      const headerStatus = res.getHeader("grpc-status");
+      let code: Code | 0 | undefined;
+      if (trailerStatus !== undefined) code = Number(trailerStatus) as Code | 0;
+      else if (typeof headerStatus === "string") code = Number(headerStatus) as Code | 0;
+      else if (!closedEarly) code = sniffer.status(res.statusCode);
+      code ??= record.code ?? (closedEarly ? Code.Canceled : res.statusCode === 200 ? 0 : codeFromHttpStatus(res.statusCode));
       const seconds = (performance.now() - started) / 1000;
       const name = codeName(code);
       this.metrics.rpcHandled(record.service, record.method, record.type, name, seconds);
@@ -136,22 +156,23 @@ export class RpcObserver {
   }
 }
 
-/** Records the handler's status for the observer, for unary and streaming responses. */
+/**
+ * Records a handler's error for the observer, as a fallback for responses
+ * whose status never reaches the wire in a readable form. Success is left to
+ * the wire: a response can still fail after the handler returns (a message
+ * over the send limit, for one).
+ */
 export const recordStatusInterceptor: Interceptor = (next) => async (req) => {
   const record = req.contextValues.get(rpcRecordKey);
   try {
     const res = await next(req);
-    if (!res.stream || !record) {
-      if (record) record.code ??= 0 as Code;
-      return res;
-    }
+    if (!res.stream || !record) return res;
     const inner = res.message;
     return {
       ...res,
       message: (async function* () {
         try {
           yield* inner;
-          record.code ??= 0 as Code;
         } catch (err) {
           record.code ??= ConnectError.from(err).code;
           throw err;

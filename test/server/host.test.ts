@@ -7,8 +7,8 @@ import { AdminService } from "../../gen/mmgate/admin/v1/admin_pb.js";
 import type { InProcessServer } from "../support/server.js";
 import { grpcJsClient, grpcUnary, startServer } from "../support/server.js";
 
-/** One raw gRPC request over HTTP/2, returning the HTTP status, headers and trailers. */
-function rawGrpc(addr: string, path: string, body: Uint8Array, headers: http2.OutgoingHttpHeaders = {}) {
+/** One raw request over HTTP/2 (gRPC by default), returning the HTTP status, headers, trailers and body. */
+function rawGrpc(addr: string, path: string, body: Uint8Array | string, headers: http2.OutgoingHttpHeaders = {}) {
   return new Promise<{ status: number; headers: http2.IncomingHttpHeaders; trailers: http2.IncomingHttpHeaders; body: Buffer }>(
     (resolve, reject) => {
       const session = http2.connect(`http://${addr}`);
@@ -208,6 +208,45 @@ describe("server host", () => {
       // Unknown paths share one label set, so clients cannot grow the series.
       expect(metrics).to.not.include("evil.Path");
       expect(metrics).to.match(/grpc_server_handled_total\{grpc_service="unknown",grpc_method="unknown",grpc_type="unknown",grpc_code="UNIMPLEMENTED"\} 1/);
+    });
+
+    it("records the status that went on the wire, for every protocol", async () => {
+      // A long advertised address makes GetConfig's response larger than the send limit.
+      const small = await startServer({
+        config: { advertiseAddress: "a".repeat(2000), limits: { maxReceiveMessageBytes: 1024, maxSendMessageBytes: 1024 } },
+      });
+      try {
+        const big = "x".repeat(3000);
+        const admin = createClient(AdminService, small.transport);
+        // The handler succeeds, the response is over the send limit.
+        await admin.getConfig({}).catch(() => undefined);
+        await createClient(Health, small.grpcWebTransport).check({ service: big }).catch(() => undefined);
+        await createClient(Health, small.connectTransport).check({ service: big }).catch(() => undefined);
+        const badJson = await rawGrpc(small.addr, CHECK, "{not json", { "content-type": "application/json" });
+        expect(badJson.status).to.equal(400);
+        const streamBadJson = await rawGrpc(small.addr, "/grpc.health.v1.Health/Watch", envelope(new TextEncoder().encode("{nope")), {
+          "content-type": "application/connect+json",
+        });
+        expect(streamBadJson.status).to.equal(200);
+        const webBadProto = await rawGrpc(small.addr, CHECK, envelope(new Uint8Array([0x0a, 0x05]), 2), {
+          "content-type": "application/grpc-web+proto",
+        });
+        expect(webBadProto.status).to.equal(200);
+        await createClient(Health, small.grpcWebTransport).check({});
+        await createClient(Health, small.connectTransport).check({});
+        const metrics = await (await fetch(`http://${small.adminAddr}/metrics`)).text();
+        const count = (service: string, method: string, code: string) =>
+          Number(new RegExp(`grpc_server_handled_total\\{grpc_service="${service}",grpc_method="${method}",grpc_type="[a-z_]+",grpc_code="${code}"\\} (\\d+)`).exec(metrics)?.[1] ?? 0);
+        expect(count("mmgate.admin.v1.AdminService", "GetConfig", "RESOURCE_EXHAUSTED")).to.equal(1);
+        expect(count("mmgate.admin.v1.AdminService", "GetConfig", "OK")).to.equal(0);
+        expect(count("grpc.health.v1.Health", "Check", "RESOURCE_EXHAUSTED")).to.equal(2);
+        expect(count("grpc.health.v1.Health", "Check", "INVALID_ARGUMENT")).to.equal(1);
+        expect(count("grpc.health.v1.Health", "Watch", "INVALID_ARGUMENT")).to.equal(1);
+        expect(count("grpc.health.v1.Health", "Check", "INTERNAL") + count("grpc.health.v1.Health", "Check", "INVALID_ARGUMENT")).to.equal(2);
+        expect(count("grpc.health.v1.Health", "Check", "OK")).to.equal(2);
+      } finally {
+        await small.close();
+      }
     });
 
     it("returns a request id to the client", async () => {

@@ -1,0 +1,137 @@
+import { Code } from "@connectrpc/connect";
+import { codeFromString } from "@connectrpc/connect/protocol-connect";
+
+/** Largest trailer or error body kept for reading the status. */
+const MAX_CAPTURE_BYTES = 64 * 1024;
+
+/** Which wire format carries a response's status in its body. */
+export type BodyStatusFormat = "grpc-web" | "connect-stream" | "connect-unary" | "none";
+
+/** Picks the format from the request's content type (the response mirrors it). */
+export function bodyStatusFormat(contentType: string | undefined): BodyStatusFormat {
+  const type = (contentType ?? "").toLowerCase();
+  if (type.startsWith("application/grpc-web")) return "grpc-web";
+  if (type.startsWith("application/grpc")) return "none"; // status in HTTP trailers
+  if (type.startsWith("application/connect+")) return "connect-stream";
+  return "connect-unary";
+}
+
+/**
+ * Reads the status out of response bytes as they are written, for the
+ * protocols that put it in the body: the gRPC-Web trailer frame (flag 0x80),
+ * the Connect end-stream message (flag 0x02), and a Connect unary error
+ * body. Only envelope headers are parsed; payloads are skipped unless they
+ * are the small status frame itself.
+ */
+export class StatusSniffer {
+  private header = new Uint8Array(5);
+  private headerFilled = 0;
+  private remaining = 0;
+  private capturing: Uint8Array[] | undefined;
+  private captured = 0;
+  private flags = 0;
+  private statusFrame: Uint8Array | undefined;
+  private readonly unaryBody: Uint8Array[] = [];
+  private unaryBytes = 0;
+
+  constructor(private readonly format: BodyStatusFormat) {}
+
+  /** Whether response bytes need to pass through `write`. */
+  get watchesBody(): boolean {
+    return this.format !== "none";
+  }
+
+  write(chunk: Uint8Array): void {
+    if (this.format === "none") return;
+    if (this.format === "connect-unary") {
+      if (this.unaryBytes + chunk.length <= MAX_CAPTURE_BYTES) {
+        this.unaryBody.push(chunk);
+        this.unaryBytes += chunk.length;
+      }
+      return;
+    }
+    let at = 0;
+    while (at < chunk.length) {
+      if (this.remaining === 0 && this.capturing === undefined) {
+        const take = Math.min(5 - this.headerFilled, chunk.length - at);
+        this.header.set(chunk.subarray(at, at + take), this.headerFilled);
+        this.headerFilled += take;
+        at += take;
+        if (this.headerFilled < 5) return;
+        this.headerFilled = 0;
+        this.flags = this.header[0]!;
+        this.remaining = new DataView(this.header.buffer).getUint32(1);
+        const isStatus = this.format === "grpc-web" ? (this.flags & 0x80) !== 0 : (this.flags & 0x02) !== 0;
+        if (isStatus && this.remaining <= MAX_CAPTURE_BYTES) {
+          this.capturing = [];
+          this.captured = 0;
+        }
+        if (this.remaining === 0) this.endFrame();
+        continue;
+      }
+      const take = Math.min(this.remaining, chunk.length - at);
+      this.capturing?.push(chunk.subarray(at, at + take));
+      this.captured += take;
+      this.remaining -= take;
+      at += take;
+      if (this.remaining === 0) this.endFrame();
+    }
+  }
+
+  private endFrame(): void {
+    if (this.capturing === undefined) return;
+    const frame = new Uint8Array(this.captured);
+    let at = 0;
+    for (const part of this.capturing) {
+      frame.set(part, at);
+      at += part.length;
+    }
+    this.capturing = undefined;
+    // A compressed status frame (flag 0x01) is not decoded here.
+    if ((this.flags & 0x01) === 0) this.statusFrame = frame;
+  }
+
+  /**
+   * The status the body carried, if it carried one; 0 for OK. `httpStatus`
+   * decides a Connect unary response: 200 is OK, anything else has a JSON
+   * error body with a code.
+   */
+  status(httpStatus: number): Code | 0 | undefined {
+    switch (this.format) {
+      case "none":
+        return undefined;
+      case "connect-unary": {
+        if (httpStatus === 200) return 0;
+        return codeOfJson(concat(this.unaryBody), (json) => json);
+      }
+      case "connect-stream":
+        if (this.statusFrame === undefined) return undefined;
+        return codeOfJson(this.statusFrame, (json) => json.error, 0);
+      case "grpc-web": {
+        if (this.statusFrame === undefined) return undefined;
+        const match = /(?:^|\r\n)grpc-status:\s*(\d+)/i.exec(new TextDecoder().decode(this.statusFrame));
+        return match ? (Number(match[1]) as Code | 0) : undefined;
+      }
+    }
+  }
+}
+
+function concat(parts: Uint8Array[]): Uint8Array {
+  return parts.length === 1 ? parts[0]! : Buffer.concat(parts);
+}
+
+/** `pick(json).code` as a Code; `absent` when pick finds no error object. */
+function codeOfJson(
+  bytes: Uint8Array,
+  pick: (json: Record<string, unknown>) => unknown,
+  absent?: Code | 0,
+): Code | 0 | undefined {
+  try {
+    const json = JSON.parse(new TextDecoder().decode(bytes)) as Record<string, unknown>;
+    const error = pick(json) as { code?: unknown } | undefined;
+    if (error === undefined || error === null) return absent;
+    return typeof error.code === "string" ? (codeFromString(error.code) ?? Code.Unknown) : Code.Unknown;
+  } catch {
+    return undefined;
+  }
+}
