@@ -36,9 +36,10 @@ export function serveCommand(): Command {
       if (opts.adminListen !== undefined) overrides.adminListen = opts.adminListen;
       if (opts.services !== undefined) overrides.services = opts.services;
       if (opts.logLevel !== undefined) overrides["log.level"] = opts.logLevel;
+      const warnings: string[] = [];
       let config;
       try {
-        config = loadConfig({ file: opts.config, env: process.env, overrides }, catalog);
+        config = loadConfig({ file: opts.config, env: process.env, overrides, onWarning: (m) => warnings.push(m) }, catalog);
       } catch (err) {
         if (err instanceof ConfigError) {
           process.stderr.write(`mmgate: ${err.message}\n`);
@@ -47,17 +48,37 @@ export function serveCommand(): Command {
         throw err;
       }
       if (opts.printConfig) {
+        for (const w of warnings) process.stderr.write(`mmgate: warning: ${w}\n`);
         process.stdout.write(`${JSON.stringify(redactedConfig(config), null, 2)}\n`);
         return;
       }
       const logger = pino({ level: config.log.level, base: { pid: process.pid }, timestamp: pino.stdTimeFunctions.isoTime });
-      const host = await startHost({ config, modules: catalog, logger, version });
+      for (const w of warnings) logger.warn(w);
+      let host;
+      try {
+        host = await startHost({ config, modules: catalog, logger, version });
+      } catch (err) {
+        // Start-up failures an operator can fix: name them, no stack trace.
+        const e = err as NodeJS.ErrnoException;
+        if (err instanceof ConfigError || (typeof e.code === "string" && /^E[A-Z]+$/.test(e.code))) {
+          process.stderr.write(`mmgate: ${e.message}\n`);
+          logger.flush();
+          process.exit(err instanceof ConfigError ? 2 : 1);
+        }
+        throw err;
+      }
+      let stopping = false;
       const stop = (signal: string) => {
+        if (stopping) {
+          logger.warn({ signal }, "shutdown already in progress; it ends within the grace period");
+          return;
+        }
+        stopping = true;
         logger.info({ signal }, "shutdown requested");
         void host.shutdown();
       };
-      process.once("SIGTERM", () => stop("SIGTERM"));
-      process.once("SIGINT", () => stop("SIGINT"));
+      process.on("SIGTERM", () => stop("SIGTERM"));
+      process.on("SIGINT", () => stop("SIGINT"));
       await host.closed;
       logger.flush();
       process.exit(0);

@@ -48,7 +48,11 @@ export const hostConfigSchema = z.strictObject({
   auth: z
     .strictObject({
       /** Bearer token that mutating and admin methods require; "" disables auth. */
-      token: z.string().refine((t) => t === "" || t.length >= 16, "a token needs at least 16 characters").default(""),
+      token: z
+        .preprocess((v) => (typeof v === "number" ? String(v) : v), z.string())
+        .refine((t) => t === "" || t.length >= 16, "a token needs at least 16 characters")
+        .refine((t) => !/\s/.test(t), "a token cannot contain white space")
+        .default(""),
     })
     .prefault({}),
   log: z
@@ -95,6 +99,15 @@ export interface ConfigSources {
   env?: Record<string, string | undefined>;
   /** `path.to.key` → value, applied last (from flags). */
   overrides?: Record<string, unknown>;
+  /** Told about ignored input, e.g. an MMGATE_* variable that matches no key. */
+  onWarning?: (message: string) => void;
+}
+
+/** Raw config plus where each overridden path came from, for error messages. */
+export interface RawConfig {
+  readonly values: Record<string, unknown>;
+  /** `path.to.key` → "MMGATE_X" or "--set path.to.key". */
+  readonly origins: ReadonlyMap<string, string>;
 }
 
 /** Env names that map to a nested key directly, as operators expect. */
@@ -124,13 +137,19 @@ export function envNameToPath(name: string): string {
     .join(".");
 }
 
-/** A value from the environment or a flag: JSON when it parses as JSON, else the string. */
+/**
+ * A value from the environment or a flag: JSON when it parses as JSON, else
+ * the string. A number that would not survive the trip (too many digits, a
+ * leading zero) stays the string it was.
+ */
 export function parseScalar(text: string): unknown {
+  let value: unknown;
   try {
-    return JSON.parse(text);
+    value = JSON.parse(text);
   } catch {
     return text;
   }
+  return typeof value === "number" && String(value) !== text.trim() ? text : value;
 }
 
 function setPath(target: Record<string, unknown>, path: string, value: unknown): void {
@@ -162,30 +181,59 @@ function readConfigFile(file: string): Record<string, unknown> {
   return parsed as Record<string, unknown>;
 }
 
-/** Gathers the raw (unvalidated) config from file, env and overrides, in that order. */
-export function gatherRawConfig(sources: ConfigSources): Record<string, unknown> {
-  const raw = sources.file ? readConfigFile(sources.file) : {};
+/**
+ * Gathers the raw (unvalidated) config from file, env and overrides, in that
+ * order. MMGATE_* variables whose first level names no key of the config
+ * (`topLevelKeys`) are left out with a warning: the prefix is shared with
+ * variables such as API keys that modules read by name.
+ */
+export function gatherRawConfig(sources: ConfigSources, topLevelKeys?: ReadonlySet<string>): RawConfig {
+  const values = sources.file ? readConfigFile(sources.file) : {};
+  const origins = new Map<string, string>();
   for (const [name, value] of Object.entries(sources.env ?? {})) {
     if (!name.startsWith("MMGATE_") || value === undefined || ENV_IGNORED.has(name)) continue;
     const alias = ENV_ALIASES[name];
-    setPath(raw, alias ? alias.path : envNameToPath(name), alias?.raw ? value : parseScalar(value));
+    const path = alias ? alias.path : envNameToPath(name);
+    if (topLevelKeys && !topLevelKeys.has(path.split(".", 1)[0]!)) {
+      sources.onWarning?.(`${name} is not a config key; left to whatever reads it by name`);
+      continue;
+    }
+    setPath(values, path, alias?.raw ? value : parseScalar(value));
+    origins.set(path, name);
   }
-  for (const [path, value] of Object.entries(sources.overrides ?? {})) setPath(raw, path, value);
-  return raw;
+  for (const [path, value] of Object.entries(sources.overrides ?? {})) {
+    setPath(values, path, value);
+    origins.set(path, `--set ${path}`);
+  }
+  return { values, origins };
 }
 
-function formatIssues(error: z.ZodError, prefix: string): string[] {
+function formatIssues(error: z.ZodError, prefix: string, origins: ReadonlyMap<string, string>): string[] {
   return error.issues.map((issue) => {
     const path = [prefix, ...issue.path.map(String)].filter((p) => p !== "").join(".");
-    return `${path || "(root)"}: ${issue.message}`;
+    // Name the variable or flag that set this field (or the object holding it).
+    let origin: string | undefined;
+    for (const [set, source] of origins) {
+      if (path === set || path.startsWith(`${set}.`) || set.startsWith(`${path}.`)) origin = source;
+    }
+    return `${path || "(root)"}: ${issue.message}${origin ? ` (from ${origin})` : ""}`;
   });
+}
+
+/** The first-level keys a config may have with these modules. */
+export function topLevelConfigKeys(modules: readonly ServiceModule[]): Set<string> {
+  return new Set([...Object.keys(hostConfigSchema.shape), "services", ...modules.map((m) => m.name)]);
 }
 
 /**
  * Validates the raw config against the host schema and each module's schema.
  * Every problem is reported, each naming its field.
  */
-export function resolveConfig(raw: Record<string, unknown>, modules: readonly ServiceModule[]): MmgateConfig {
+export function resolveConfig(
+  raw: Record<string, unknown>,
+  modules: readonly ServiceModule[],
+  origins: ReadonlyMap<string, string> = new Map(),
+): MmgateConfig {
   const known = new Map(modules.map((m) => [m.name, m]));
   const { services: rawServices, ...rest } = raw;
   const hostRaw: Record<string, unknown> = {};
@@ -194,7 +242,7 @@ export function resolveConfig(raw: Record<string, unknown>, modules: readonly Se
 
   const issues: string[] = [];
   const host = hostConfigSchema.safeParse(hostRaw);
-  if (!host.success) issues.push(...formatIssues(host.error, ""));
+  if (!host.success) issues.push(...formatIssues(host.error, "", origins));
 
   let services = [...known.keys()];
   if (rawServices !== undefined) {
@@ -212,7 +260,7 @@ export function resolveConfig(raw: Record<string, unknown>, modules: readonly Se
   for (const module of modules) {
     const parsed = module.configSchema.safeParse(moduleRaw[module.name] ?? {});
     if (parsed.success) sections[module.name] = parsed.data;
-    else issues.push(...formatIssues(parsed.error, module.name));
+    else issues.push(...formatIssues(parsed.error, module.name, origins));
   }
 
   if (issues.length > 0 || !host.success) throw new ConfigError("invalid configuration", issues);
@@ -221,7 +269,8 @@ export function resolveConfig(raw: Record<string, unknown>, modules: readonly Se
 
 /** Loads, merges and validates in one step. */
 export function loadConfig(sources: ConfigSources, modules: readonly ServiceModule[]): MmgateConfig {
-  return resolveConfig(gatherRawConfig(sources), modules);
+  const raw = gatherRawConfig(sources, topLevelConfigKeys(modules));
+  return resolveConfig(raw.values, modules, raw.origins);
 }
 
 /** The config as a plain object with secrets redacted, for printing and GetConfig. */

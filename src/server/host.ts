@@ -12,6 +12,7 @@ import { createAdminServer } from "./admin-http.js";
 import { AdminService, adminService } from "./admin-service.js";
 import { bearerAuthInterceptor } from "./auth.js";
 import type { MmgateConfig } from "./config.js";
+import { ConfigError } from "./config.js";
 import { Health, HealthRegistry, ServingStatus, healthService } from "./health.js";
 import { RpcMetrics } from "./metrics.js";
 import type { ModuleInstance, ServiceBinding, ServiceModule } from "./module.js";
@@ -57,12 +58,25 @@ function formatAddress(info: AddressInfo): string {
   return info.family === "IPv6" ? `[${info.address}]:${info.port}` : `${info.address}:${info.port}`;
 }
 
+/** Reads a PEM file named by a config field; failures name the field. */
+function readTlsFile(field: string, path: string): Buffer {
+  try {
+    return readFileSync(path);
+  } catch (err) {
+    throw new ConfigError(`${field}: cannot read ${path}: ${(err as Error).message}`);
+  }
+}
+
 function listen(server: http2.Http2Server | http2.Http2SecureServer | HttpServer, address: string): Promise<string> {
   const { host, port } = splitHostPort(address);
   return new Promise((resolve, reject) => {
-    server.once("error", reject);
+    const onError = (err: NodeJS.ErrnoException) => {
+      err.message = `cannot listen on ${address}: ${err.code ?? err.message}`;
+      reject(err);
+    };
+    server.once("error", onError);
     server.listen(port, host, () => {
-      server.off("error", reject);
+      server.off("error", onError);
       resolve(formatAddress(server.address() as AddressInfo));
     });
   });
@@ -146,7 +160,13 @@ export async function startHost(options: HostOptions): Promise<Host> {
   const onRequest = (req: NodeReq, res: NodeRes) => handle(req, res);
   const server = tls
     ? http2.createSecureServer(
-        { cert: readFileSync(config.tls.certFile), key: readFileSync(config.tls.keyFile), allowHTTP1: true, settings, maxSessionMemory: 64 },
+        {
+          cert: readTlsFile("tls.certFile", config.tls.certFile),
+          key: readTlsFile("tls.keyFile", config.tls.keyFile),
+          allowHTTP1: true,
+          settings,
+          maxSessionMemory: 64,
+        },
         onRequest,
       )
     : http2.createServer({ settings, maxSessionMemory: 64 }, onRequest);
@@ -220,7 +240,7 @@ export async function startHost(options: HostOptions): Promise<Host> {
       for (const b of bindings) router.service(b.service, b.implementation);
       router.service(Health, healthService(health, drainController.signal));
       router.service(AdminService, adminService({ version: options.version, startedAt, config, health }));
-      addReflection(router, routed);
+      addReflection(router, routed, drainController.signal);
       const methods: DescMethod[] = [];
       for (const h of router.handlers) methods.push(h.method);
       observer.register(methods);

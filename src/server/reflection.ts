@@ -4,6 +4,7 @@ import { FileDescriptorProtoSchema } from "@bufbuild/protobuf/wkt";
 import type { ConnectRouter } from "@connectrpc/connect";
 import { Code } from "@connectrpc/connect";
 import * as v1 from "../../gen/grpc/reflection/v1/reflection_pb.js";
+import { untilAborted } from "../util/index.js";
 import * as v1alpha from "../../gen/grpc/reflection/v1alpha/reflection_pb.js";
 
 type Request = v1.ServerReflectionRequest;
@@ -163,18 +164,24 @@ export const reflectionServices: readonly DescService[] = [v1.ServerReflection, 
 
 /**
  * Registers grpc.reflection.v1 and v1alpha on the router. The two versions
- * are wire-identical, so the v1alpha handler reuses the v1 answer.
+ * are wire-identical, so the v1alpha handler reuses the v1 answer. A stream
+ * ends cleanly when `drainSignal` fires: clients keep reflection streams
+ * open, and an open one would otherwise hold shutdown for the whole grace.
  */
-export function addReflection(router: ConnectRouter, services: readonly DescService[]): DescriptorIndex {
+export function addReflection(
+  router: ConnectRouter,
+  services: readonly DescService[],
+  drainSignal: AbortSignal = new AbortController().signal,
+): DescriptorIndex {
   const index = new DescriptorIndex([...services, ...reflectionServices]);
   router.service(v1.ServerReflection, {
     async *serverReflectionInfo(requests) {
-      for await (const req of requests) yield answerReflection(index, req);
+      for await (const req of untilAborted(requests, drainSignal)) yield answerReflection(index, req);
     },
   });
   router.service(v1alpha.ServerReflection, {
     async *serverReflectionInfo(requests) {
-      for await (const req of requests) {
+      for await (const req of untilAborted(requests, drainSignal)) {
         // Same field numbers and types: the v1alpha request fits the v1 answerer.
         yield answerReflection(index, req as unknown as Request) as MessageInitShape<
           typeof v1alpha.ServerReflectionResponseSchema

@@ -65,17 +65,34 @@ describe("the mmgate executable", function () {
       expect(res.stdout).to.not.include("a-token-of-sufficient-length");
     });
 
+    it("leaves unrelated MMGATE_* variables alone, with a warning", async () => {
+      const res = await mmgate(["serve", "--print-config"], { MMGATE_OPENAI_API_KEY: "sk-test", MMGATE_LISTN: "1.2.3.4:1" });
+      expect(res.code).to.equal(0);
+      expect(res.stderr).to.include("MMGATE_OPENAI_API_KEY is not a config key").and.include("MMGATE_LISTN is not a config key");
+      expect(res.stdout).to.not.include("sk-test");
+    });
+
+    it("keeps long numeric values as strings", async () => {
+      const res = await mmgate(["serve", "--print-config", "--set", "auth.token=12345678901234567890"]);
+      expect(res.code, res.stderr).to.equal(0);
+      expect((JSON.parse(res.stdout) as { auth: { token: string } }).auth.token).to.equal("<redacted>");
+    });
+
     const invalid: [string, string[], Record<string, string>, RegExp][] = [
       ["a bad listen address", ["--listen", "nowhere"], {}, /listen: expected HOST:PORT/],
       ["an unknown key", ["--set", "limits.bogus=1"], {}, /limits: Unrecognized key: "bogus"/],
-      ["a limit out of range", [], { MMGATE_LIMITS__MAX_SEND_MESSAGE_BYTES: "10" }, /limits\.maxSendMessageBytes: Too small/],
-      ["a short token", [], { MMGATE_AUTH_TOKEN: "short" }, /auth\.token: a token needs at least 16 characters/],
+      ["a limit out of range", [], { MMGATE_LIMITS__MAX_SEND_MESSAGE_BYTES: "10" }, /limits\.maxSendMessageBytes: Too small.*\(from MMGATE_LIMITS__MAX_SEND_MESSAGE_BYTES\)/],
+      ["a short token", [], { MMGATE_AUTH_TOKEN: "short" }, /auth\.token: a token needs at least 16 characters \(from MMGATE_AUTH_TOKEN\)/],
+      ["a token with white space", ["--set", "auth.token=\"two words, sixteen chars\""], {}, /auth\.token: a token cannot contain white space \(from --set auth\.token\)/],
+      ["an unreadable TLS file", ["--set", "tls.certFile=/no/cert.pem", "--set", "tls.keyFile=/no/key.pem"], {}, /tls\.certFile: cannot read \/no\/cert\.pem/],
       ["an unknown service", ["--services", "teleport"], {}, /services: unknown module "teleport"/],
       ["half a TLS pair", ["--set", "tls.certFile=/tmp/x.pem"], {}, /tls: tls\.certFile and tls\.keyFile go together/],
     ];
     for (const [what, args, env, message] of invalid) {
       it(`refuses ${what}, naming the field, with exit code 2`, async () => {
-        const res = await mmgate(["serve", "--print-config", ...args], env);
+        // TLS files are read when serving starts; everything else fails in --print-config already.
+        const printOnly = what.includes("TLS file") ? [] : ["--print-config"];
+        const res = await mmgate(["serve", ...printOnly, "--listen", "127.0.0.1:0", "--admin-listen", "", ...args], env);
         expect(res.code).to.equal(2);
         expect(res.stderr).to.match(message);
       });
@@ -99,6 +116,12 @@ describe("the mmgate executable", function () {
     it("exits 2 for an unknown service or an unreachable server", async () => {
       expect((await mmgate(["health", "--addr", server.addr, "--service", "nope"])).code).to.equal(2);
       expect((await mmgate(["health", "--addr", "127.0.0.1:1", "--timeout", "2000"])).code).to.equal(2);
+    });
+
+    it("serve names an address already in use and exits 1", async () => {
+      const res = await mmgate(["serve", "--listen", server.addr, "--admin-listen", ""]);
+      expect(res.code).to.equal(1);
+      expect(res.stderr).to.include(`cannot listen on ${server.addr}: EADDRINUSE`);
     });
 
     it("rejects a malformed --addr", async () => {
