@@ -122,6 +122,41 @@ function unknownMethod(req: NodeReq, res: NodeRes): void {
   }
 }
 
+/**
+ * Once a response has ended, a request body the handler did not read to its
+ * end (it failed early, or ended a stream the client was still feeding) is
+ * cut with RST_STREAM(NO_ERROR), as HTTP/2 allows after a complete response.
+ * Left alone, its unread data is never consumed, and the paused stream keeps
+ * the whole connection open even after the client has closed it. The cut
+ * waits for the trailers, which carry the gRPC status.
+ */
+function releaseUnreadRequest(req: NodeReq, res: NodeRes): void {
+  if (!("stream" in res)) return;
+  const stream = res.stream;
+  const response = res as unknown as {
+    addTrailers: (headers: Record<string, unknown>) => void;
+    end: (...args: unknown[]) => unknown;
+  };
+  let trailers = false;
+  const addTrailers = response.addTrailers.bind(res);
+  response.addTrailers = (headers) => {
+    trailers = true;
+    addTrailers(headers);
+  };
+  const end = response.end.bind(res);
+  response.end = (...args) => {
+    const result = end(...args);
+    if (!req.readableEnded && !stream.destroyed) {
+      stream.once(trailers ? "wantTrailers" : "finish", () =>
+        setImmediate(() => {
+          if (!stream.destroyed) stream.destroy();
+        }),
+      );
+    }
+    return result;
+  };
+}
+
 /** Refuses new RPCs once the server drains; health stays reachable so probes see NOT_SERVING. */
 function drainInterceptor(draining: () => boolean): Interceptor {
   return (next) => async (req) => {
@@ -255,6 +290,7 @@ export async function startHost(options: HostOptions): Promise<Host> {
   handle = (req, res) => {
     // HTTP/1.1 (TLS only) keeps connections alive; while draining, ask the client to close.
     if (drainController.signal.aborted && req.httpVersionMajor === 1) res.setHeader("connection", "close");
+    releaseUnreadRequest(req, res);
     observer.begin(req, res);
     adapter(req, res);
   };
