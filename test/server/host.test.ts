@@ -99,6 +99,29 @@ describe("server host", () => {
       session.close();
     });
 
+    it("lets go of a connection whose request body was left unread, once the client closes it", async () => {
+      // A first message that fails to parse, then 200 KB the server never reads.
+      const body = new Uint8Array([...envelope(new Uint8Array([0xff, 0xff, 0xff, 0xff])), ...envelope(new Uint8Array(200_000))]);
+      const session = http2.connect(`http://${server.addr}`);
+      session.on("error", () => undefined);
+      const closed = new Promise<void>((r) => session.once("close", () => r()));
+      const req = session.request({ ":method": "POST", ":path": CHECK, "content-type": "application/grpc", te: "trailers" });
+      req.on("error", () => undefined);
+      const status = await new Promise<string | undefined>((resolve) => {
+        let trailers: http2.IncomingHttpHeaders = {};
+        req.on("trailers", (t) => (trailers = t));
+        req.on("data", () => undefined);
+        req.on("end", () => resolve(trailers["grpc-status"] as string | undefined));
+        req.end(body);
+      });
+      expect(status).to.be.oneOf([String(Code.Internal), String(Code.InvalidArgument), String(Code.ResourceExhausted)]);
+      if (!req.closed) req.close(http2.constants.NGHTTP2_CANCEL);
+      session.close();
+      // Before the fix the paused stream held the connection until shutdown; this wait then ran out.
+      await Promise.race([closed, new Promise((_, reject) => setTimeout(() => reject(new Error("connection still open after 10 s")), 10_000))]);
+      await stillServes();
+    });
+
     it("rejects a message over the receive limit with RESOURCE_EXHAUSTED", async () => {
       const health = server.grpcClient("grpc/health/v1/health.proto", "grpc.health.v1.Health");
       const err = await grpcUnary(health, "Check", { service: "x".repeat(5000) }).catch((e: grpc.ServiceError) => e);
