@@ -36,7 +36,12 @@ describe("graceful shutdown of `mmgate serve`", function () {
     const generate = grpcUnary<{ response: { data: unknown[] } }>(images, "Generate", {
       request: { prompt: "in flight", generate: {}, parameters: { n: 2 } },
     });
-    await new Promise((r) => setTimeout(r, 400));
+    // Wait until the server has the call (its started counter), however slow the machine.
+    const generateStarted = /grpc_server_started_total\{grpc_service="mmgate.images.v1.ImageService",grpc_method="Generate",grpc_type="unary"\} 1/;
+    for (let tries = 0; tries < 200; tries++) {
+      if (generateStarted.test(await (await fetch(`http://${server.adminAddr}/metrics`)).text())) break;
+      await new Promise((r) => setTimeout(r, 25));
+    }
     server.process.kill("SIGTERM");
     // Wait for the drain to begin (its log line), then try a fresh connection.
     const deadline = Date.now() + 5000;
