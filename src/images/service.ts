@@ -69,7 +69,7 @@ export function imageService(runtime: ImageRuntime, drainSignal: AbortSignal): P
 
     async generate(req, ctx) {
       return mapErrors(async () => {
-        const request = requestFromProto(req.request);
+        const request = requestFromProto(req.request, runtime.limits);
         const response = await runtime.execute(request, { requestId: requestIdOf(ctx), signal: ctx.signal });
         return create(svc.GenerateResponseSchema, { response: responseToProto(response, request.responseFormat) });
       });
@@ -79,7 +79,7 @@ export function imageService(runtime: ImageRuntime, drainSignal: AbortSignal): P
       let request;
       const requestId = requestIdOf(ctx);
       try {
-        request = requestFromProto(req.request);
+        request = requestFromProto(req.request, runtime.limits);
         runtime.prepare(request);
       } catch (error) {
         throw toConnectError(toImageError(error));

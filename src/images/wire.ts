@@ -10,7 +10,7 @@ import * as pb from "../../gen/mmgate/images/v1/images_pb.js";
 import * as caps from "../../gen/mmgate/images/v1/capabilities_pb.js";
 import type * as m from "./contract/types.js";
 import { ImageError, type ErrorCode } from "./core/errors.js";
-import type { ValidationIssue } from "./core/validation.js";
+import { collectIssues, type RequestLimits, type ValidationIssue } from "./core/validation.js";
 
 type NumericEnum = Record<string, string | number>;
 
@@ -116,8 +116,12 @@ function parametersFromProto(p: pb.GenerationParameters | undefined, issues: Iss
   return params;
 }
 
-/** The core request of a wire request; throws invalid_request for unknown enum values or a missing operation. */
-export function requestFromProto(request: pb.ImageRequest | undefined): m.ImageRequest {
+/**
+ * The core request of a wire request; throws invalid_request for unknown
+ * enum values or a missing operation. With `limits`, that error lists every
+ * other issue of the request too, as validation would.
+ */
+export function requestFromProto(request: pb.ImageRequest | undefined, limits?: RequestLimits): m.ImageRequest {
   const issues = new IssueCollector();
   if (!request) {
     throw new ImageError("invalid_request", "request validation failed", {
@@ -162,8 +166,9 @@ export function requestFromProto(request: pb.ImageRequest | undefined): m.ImageR
   if (request.idempotencyKey !== undefined) out.idempotencyKey = request.idempotencyKey;
   if (request.user !== undefined) out.user = request.user;
   if (issues.issues.length > 0) {
+    const all = limits ? collectIssues(out, limits, issues.issues) : issues.issues;
     throw new ImageError("invalid_request", "request validation failed", {
-      details: { issues: issues.issues.map((issue) => ({ ...issue })) },
+      details: { issues: all.map((issue) => ({ ...issue })) },
     });
   }
   return out;

@@ -3,6 +3,7 @@ import { Code } from "@connectrpc/connect";
 import { expect } from "chai";
 import * as pb from "../../gen/mmgate/images/v1/images_pb.js";
 import { ERROR_CODES, ImageError } from "../../src/images/core/errors.js";
+import { DEFAULT_REQUEST_LIMITS } from "../../src/images/core/validation.js";
 import { GRPC_STATUS, errorFromProto, errorToProto, reduceAspectRatio, requestFromProto, toConnectError } from "../../src/images/wire.js";
 
 describe("images: wire conversion", () => {
@@ -46,6 +47,18 @@ describe("images: wire conversion", () => {
         "operation/required",
         "parameters.quality/invalid_enum",
       ]);
+    }
+  });
+
+  it("with the limits, lists wire issues together with every validation issue, sorted", () => {
+    try {
+      requestFromProto(create(pb.ImageRequestSchema, { prompt: "  ", parameters: { n: 0, quality: 42 as pb.Quality } }), DEFAULT_REQUEST_LIMITS);
+      expect.fail("expected an error");
+    } catch (error) {
+      const issues = ((error as ImageError).details["issues"] as { field: string; code: string }[]).map((i) => `${i.field}/${i.code}`);
+      expect(issues).to.include.members(["operation/required", "parameters.quality/invalid_enum", "prompt/required"]);
+      expect(issues.some((i) => i.startsWith("parameters.n/"))).to.equal(true);
+      expect(issues).to.deep.equal([...issues].sort());
     }
   });
 

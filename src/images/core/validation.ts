@@ -185,9 +185,14 @@ function checkSession(list: IssueList, request: ImageRequest, limits: RequestLim
   }
 }
 
-/** Every issue of a request, sorted by field then code, capped at MAX_ISSUES. */
-export function collectIssues(request: ImageRequest, limits: RequestLimits): ValidationIssue[] {
+/**
+ * Every issue of a request, sorted by field then code, capped at MAX_ISSUES.
+ * `found` are issues already found while reading the request off the wire
+ * (unknown enum values, a missing operation), reported together with these.
+ */
+export function collectIssues(request: ImageRequest, limits: RequestLimits, found: readonly ValidationIssue[] = []): ValidationIssue[] {
   const list = new IssueList();
+  for (const issue of found) list.add(issue.field, issue.code, issue.message);
   if (request.version !== "1") list.add("version", "unsupported_version", "only contract version 1 is supported");
   if (request.prompt.trim().length === 0) list.add("prompt", "required", "must not be blank");
   else if (byteLength(request.prompt) > limits.maxPromptBytes) {
