@@ -68,19 +68,29 @@ export function serveCommand(): Command {
         throw err;
       }
       let stopping = false;
-      const stop = (signal: string) => {
+      let exitCode = 0;
+      const stop = (reason: string) => {
         if (stopping) {
-          logger.warn({ signal }, "shutdown already in progress; it ends within the grace period");
+          logger.warn({ reason }, "shutdown already in progress; it ends within the grace period");
           return;
         }
         stopping = true;
-        logger.info({ signal }, "shutdown requested");
+        logger.info({ reason }, "shutdown requested");
         void host.shutdown();
       };
       process.on("SIGTERM", () => stop("SIGTERM"));
       process.on("SIGINT", () => stop("SIGINT"));
+      // A stray rejection is a bug to log, not a reason to drop every call in flight.
+      process.on("unhandledRejection", (err) => logger.error({ err }, "unhandled promise rejection"));
+      // After an uncaught exception the process state is unknown: drain what is in
+      // flight within the grace, then exit 1 so a supervisor restarts it.
+      process.on("uncaughtException", (err) => {
+        logger.fatal({ err }, "uncaught exception");
+        exitCode = 1;
+        stop("uncaughtException");
+      });
       await host.closed;
       logger.flush();
-      process.exit(0);
+      process.exit(exitCode);
     });
 }

@@ -2,7 +2,7 @@ import { connect } from "node:net";
 import type * as grpc from "@grpc/grpc-js";
 import { expect } from "chai";
 import type { ChildServer } from "../support/server.js";
-import { grpcServerStream, grpcUnary, startChildServer } from "../support/server.js";
+import { grpcServerStream, grpcUnary, repoRoot, startChildServer } from "../support/server.js";
 
 describe("graceful shutdown of `mmgate serve`", function () {
   this.timeout(40_000);
@@ -120,5 +120,21 @@ describe("graceful shutdown of `mmgate serve`", function () {
     expect(await server.exited).to.equal(0);
     idle.destroy();
     half.destroy();
+  });
+
+  it("logs a stray rejection and keeps serving; drains and exits 1 after an uncaught exception", async () => {
+    server = await startChildServer(["--log-level", "info"], {}, ["--import", `${repoRoot}test/fixtures/faults.mjs`]);
+    const health = server.grpcClient("grpc/health/v1/health.proto", "grpc.health.v1.Health");
+    server.process.kill("SIGHUP");
+    const logged = async (msg: string) => {
+      for (let i = 0; i < 200 && !server!.stdout.some((l) => l.includes(`"msg":"${msg}"`)); i++) await new Promise((r) => setTimeout(r, 25));
+      return server!.stdout.some((l) => l.includes(`"msg":"${msg}"`));
+    };
+    expect(await logged("unhandled promise rejection")).to.equal(true);
+    expect(await grpcUnary(health, "Check", { service: "" })).to.deep.equal({ status: "SERVING" });
+    server.process.kill("SIGUSR2");
+    expect(await server.exited).to.equal(1);
+    const messages = server.stdout.map((l) => (JSON.parse(l) as { msg: string }).msg);
+    expect(messages).to.include.members(["uncaught exception", "draining", "stopped"]);
   });
 });

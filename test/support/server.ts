@@ -175,11 +175,14 @@ export interface ChildServer extends TestServer {
   readonly exited: Promise<number | string>;
 }
 
-/** Runs `node bin/mmgate.js serve` with the given extra args and env on ephemeral ports. */
-export async function startChildServer(args: string[] = [], env: Record<string, string> = {}): Promise<ChildServer> {
+/**
+ * Runs `node [nodeArgs] bin/mmgate.js serve` with the given extra args and
+ * env on ephemeral ports.
+ */
+export async function startChildServer(args: string[] = [], env: Record<string, string> = {}, nodeArgs: string[] = []): Promise<ChildServer> {
   const child = spawn(
     process.execPath,
-    [`${repoRoot}bin/mmgate.js`, "serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", ...args],
+    [...nodeArgs, `${repoRoot}bin/mmgate.js`, "serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", ...args],
     { cwd: repoRoot, env: { ...process.env, ...env }, stdio: ["ignore", "pipe", "pipe"] },
   );
   const stdout: string[] = [];
