@@ -8,6 +8,7 @@ import { buildImageRuntime, type BuildOptions } from "./build.js";
 import { imagesConfigSchema, type ImagesConfig } from "./config.js";
 import { ImageMetrics } from "./metrics.js";
 import type { ImageRuntime } from "./runtime/runtime.js";
+import { publishProviderHealth } from "./provider-health.js";
 import { imageService } from "./service.js";
 
 /**
@@ -19,14 +20,26 @@ export function createImagesInstance(
   options: Omit<BuildOptions, "onOutcome"> = {},
 ): ModuleInstance & { runtime: ImageRuntime } {
   // The gauges read the runtime at scrape time; it exists by then.
-  const holder: { runtime?: ImageRuntime } = {};
+  const holder: { runtime?: ImageRuntime; health?: ReturnType<typeof publishProviderHealth> } = {};
   const metrics = new ImageMetrics(ctx.metrics, () => holder.runtime);
-  const runtime = buildImageRuntime(ctx.config, { ...options, onOutcome: (outcome) => metrics.record(outcome) });
+  const runtime = buildImageRuntime(ctx.config, {
+    ...options,
+    onOutcome: (outcome) => {
+      metrics.record(outcome);
+      // After the runtime has recorded the outcome with the breaker.
+      queueMicrotask(() => holder.health?.refresh());
+    },
+  });
   holder.runtime = runtime;
+  const providerHealth = publishProviderHealth(runtime, ctx.health, ImageService.typeName);
+  holder.health = providerHealth;
   return {
     runtime,
     services: [bindService(ImageService, imageService(runtime, ctx.drainSignal))],
-    close: () => runtime.shutdown(),
+    close: () => {
+      providerHealth.stop();
+      return runtime.shutdown();
+    },
   };
 }
 
@@ -55,3 +68,4 @@ export type { ImageProvider, ProviderContext, ProviderEventSink } from "./core/p
 export * from "./contract/types.js";
 export { GRPC_STATUS, toConnectError, requestFromProto, responseToProto } from "./wire.js";
 export { imagesCommand } from "./cli.js";
+export { providerHealthName } from "./provider-health.js";

@@ -387,6 +387,12 @@ describe("images: ImageService cancellation, deadlines and breaker", function ()
     expect(metrics).to.match(/mmgate_images_requests_total\{provider="reference",code="overloaded"\} 1/);
     expect(metrics).to.match(/mmgate_images_outputs_total\{provider="reference",result="failed"\} 3/);
     expect(metrics).to.include('mmgate_images_queue_depth{scope="global",provider=""} 0');
+
+    // grpc.health.v1 shows each provider's circuit; the service itself stays SERVING.
+    const health = server.grpcClient("grpc/health/v1/health.proto", "grpc.health.v1.Health");
+    expect(await grpcUnary(health, "Check", { service: "mmgate.images.v1.ImageService/reference" })).to.deep.equal({ status: "NOT_SERVING" });
+    expect(await grpcUnary(health, "Check", { service: "mmgate.images.v1.ImageService/probe" })).to.deep.equal({ status: "SERVING" });
+    expect(await grpcUnary(health, "Check", { service: "mmgate.images.v1.ImageService" })).to.deep.equal({ status: "SERVING" });
   });
 });
 

@@ -1,0 +1,40 @@
+import { expect } from "chai";
+import { imagesConfigSchema } from "../../src/images/config.js";
+import { createImageRequest } from "../../src/images/contract/types.js";
+import { buildImageRuntime } from "../../src/images/build.js";
+import { providerHealthName } from "../../src/images/index.js";
+import { publishProviderHealth } from "../../src/images/provider-health.js";
+import { HealthRegistry, ServingStatus } from "../../src/server/index.js";
+import { FakeProvider } from "./fake-provider.js";
+
+describe("images: provider health", () => {
+  it("follows each provider's circuit: NOT_SERVING while open, SERVING again once it half-opens", async () => {
+    const failing = new FakeProvider({ failAll: true, delayMs: 0 });
+    const runtime = buildImageRuntime(
+      imagesConfigSchema.parse({ circuitBreaker: { failureThreshold: 1, openDurationMs: 100 } }),
+      { extraProviders: [failing] },
+    );
+    const health = new HealthRegistry();
+    const published = publishProviderHealth(runtime, health, "svc");
+    try {
+      const name = providerHealthName("svc", "fanout-test");
+      expect(health.get(name)).to.equal(ServingStatus.SERVING);
+      expect(health.get(providerHealthName("svc", "reference"))).to.equal(ServingStatus.SERVING);
+      await runtime
+        .execute(createImageRequest({ prompt: "p", responseFormat: "metadata", routing: { provider: "fanout-test" } }), {
+          requestId: "r",
+          signal: new AbortController().signal,
+        })
+        .catch(() => undefined);
+      published.refresh();
+      expect(health.get(name)).to.equal(ServingStatus.NOT_SERVING);
+      expect(health.get(providerHealthName("svc", "reference"))).to.equal(ServingStatus.SERVING);
+      await new Promise((r) => setTimeout(r, 150));
+      published.refresh();
+      expect(health.get(name)).to.equal(ServingStatus.SERVING);
+    } finally {
+      published.stop();
+      await runtime.shutdown();
+    }
+  });
+});
