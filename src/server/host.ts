@@ -233,7 +233,17 @@ export async function startHost(options: HostOptions): Promise<Host> {
   const advertised = config.advertiseAddress || address;
 
   const instances: { name: string; instance: ModuleInstance }[] = [];
+  const closeModules = async () => {
+    for (const { name, instance } of instances.reverse()) {
+      try {
+        await instance.close?.();
+      } catch (err) {
+        logger.error({ err, module: name }, "module failed to close");
+      }
+    }
+  };
   const enabled = options.modules.filter((m) => config.services.includes(m.name));
+  let bindings: ServiceBinding[];
   try {
     for (const module of enabled) {
       const instance = await module.create({
@@ -247,16 +257,17 @@ export async function startHost(options: HostOptions): Promise<Host> {
       });
       instances.push({ name: module.name, instance });
     }
+    bindings = instances.flatMap((i) => [...i.instance.services]);
+    const seen = new Set<string>();
+    for (const b of bindings) {
+      if (seen.has(b.service.typeName)) throw new Error(`service ${b.service.typeName} is registered twice`);
+      seen.add(b.service.typeName);
+    }
   } catch (err) {
+    // Whatever started is stopped again: timers, sockets, the listener.
+    await closeModules();
     await closeServer(server);
     throw err;
-  }
-
-  const bindings: ServiceBinding[] = instances.flatMap((i) => [...i.instance.services]);
-  const seen = new Set<string>();
-  for (const b of bindings) {
-    if (seen.has(b.service.typeName)) throw new Error(`service ${b.service.typeName} is registered twice`);
-    seen.add(b.service.typeName);
   }
   const routed = [...bindings.map((b) => b.service), Health, AdminService];
   const serviceNames = [...routed, ...reflectionServices].map((s) => s.typeName).sort();
@@ -302,6 +313,7 @@ export async function startHost(options: HostOptions): Promise<Host> {
     try {
       adminAddress = await listen(admin, config.adminListen);
     } catch (err) {
+      await closeModules();
       await closeServer(server);
       throw err;
     }
@@ -339,13 +351,7 @@ export async function startHost(options: HostOptions): Promise<Host> {
       for (const socket of sockets) socket.destroy();
       await listenerClosed;
     }
-    for (const { name, instance } of instances.reverse()) {
-      try {
-        await instance.close?.();
-      } catch (err) {
-        logger.error({ err, module: name }, "module failed to close");
-      }
-    }
+    await closeModules();
     if (admin) {
       admin.closeAllConnections();
       await closeServer(admin);

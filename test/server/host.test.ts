@@ -5,6 +5,9 @@ import { expect } from "chai";
 import { Health, HealthCheckResponse_ServingStatus as S } from "../../gen/grpc/health/v1/health_pb.js";
 import { AdminService } from "../../gen/mmgate/admin/v1/admin_pb.js";
 import type { InProcessServer } from "../support/server.js";
+import { pino } from "pino";
+import { z } from "zod";
+import { defineModule, resolveConfig, startHost } from "../../src/server/index.js";
 import { grpcJsClient, grpcUnary, startServer } from "../support/server.js";
 
 /** One raw request over HTTP/2 (gRPC by default), returning the HTTP status, headers, trailers and body. */
@@ -277,6 +280,31 @@ describe("server host", () => {
       expect(res.headers["x-request-id"]).to.equal("abc-1");
       const generated = await rawGrpc(server.addr, CHECK, envelope(new Uint8Array()), { "x-request-id": "bad id with spaces" });
       expect(generated.headers["x-request-id"]).to.match(/^[0-9a-f-]{36}$/);
+    });
+  });
+
+  describe("start-up failures", () => {
+    it("stops the modules that started when a later module fails", async () => {
+      const closed: string[] = [];
+      const ok = defineModule({
+        name: "first",
+        description: "starts fine",
+        configSchema: z.object({}),
+        create: () => ({ services: [], close: () => void closed.push("first") }),
+      });
+      const broken = defineModule({
+        name: "second",
+        description: "fails to start",
+        configSchema: z.object({}),
+        create: () => {
+          throw new Error("cannot start");
+        },
+      });
+      const config = resolveConfig({ listen: "127.0.0.1:0", adminListen: "" }, [ok, broken]);
+      let error: unknown;
+      await startHost({ config, modules: [ok, broken], logger: pino({ level: "silent" }), version: "test" }).catch((e: unknown) => (error = e));
+      expect((error as Error).message).to.equal("cannot start");
+      expect(closed).to.deep.equal(["first"]);
     });
   });
 });
