@@ -1,20 +1,17 @@
 import { Command } from "commander";
 import { createClient } from "@connectrpc/connect";
-import { createGrpcTransport } from "@connectrpc/connect-node";
 import { ConnectError } from "@connectrpc/connect";
 import { Health, HealthCheckResponse_ServingStatus as ServingStatus } from "../../gen/grpc/health/v1/health_pb.js";
-import { addrOption } from "./address.js";
+import { clientTransport, withConnectionOptions, type ConnectionOptions } from "./address.js";
 
 /** Exit codes: 0 SERVING, 1 anything else, 2 the call failed. */
 export function healthCommand(): Command {
-  return new Command("health")
-    .description("check grpc.health.v1 on a server; exits 0 when SERVING")
-    .addOption(addrOption())
+  return withConnectionOptions(new Command("health").description("check grpc.health.v1 on a server; exits 0 when SERVING"))
     .option("--service <name>", 'fully qualified service name ("" for the whole server)', "")
     .option("--timeout <ms>", "deadline for the call", (v) => Number(v), 5000)
-    .action(async (opts: { addr: string; service: string; timeout: number }) => {
-      const client = createClient(Health, createGrpcTransport({ baseUrl: `http://${opts.addr}` }));
+    .action(async (opts: ConnectionOptions & { service: string; timeout: number }) => {
       try {
+        const client = createClient(Health, clientTransport(opts));
         const res = await client.check({ service: opts.service }, { timeoutMs: opts.timeout });
         const name = ServingStatus[res.status] ?? String(res.status);
         process.stdout.write(`${name}\n`);

@@ -23,4 +23,10 @@ export function program(): Command {
   return root;
 }
 
-await program().parseAsync(process.argv);
+try {
+  await program().parseAsync(process.argv);
+} catch (err) {
+  // Usage errors raised inside an action (an unreadable --ca file, say): one line, no stack.
+  process.stderr.write(`mmgate: ${err instanceof Error ? err.message : String(err)}\n`);
+  process.exitCode = 1;
+}

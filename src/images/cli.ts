@@ -5,11 +5,10 @@ import { create, toJson } from "@bufbuild/protobuf";
 import { MultiBar, Presets, type SingleBar } from "cli-progress";
 import { Command, InvalidArgumentError, Option } from "commander";
 import { ConnectError, createClient } from "@connectrpc/connect";
-import { createGrpcTransport } from "@connectrpc/connect-node";
 import { ProviderCapabilitiesSchema } from "../../gen/mmgate/images/v1/capabilities_pb.js";
 import { ImageService } from "../../gen/mmgate/images/v1/image_service_pb.js";
 import * as pb from "../../gen/mmgate/images/v1/images_pb.js";
-import { addrOption, tokenOption } from "../cli/address.js";
+import { addrOption, caOption, clientTransport, tlsOption, tokenOption, type ConnectionOptions } from "../cli/address.js";
 import { errorCodeFromProto } from "./wire.js";
 
 export interface CliIo {
@@ -46,10 +45,9 @@ function enumOf<E extends Record<string, string | number>>(values: E, label: str
   };
 }
 
-interface GenerateOptions {
+interface GenerateOptions extends ConnectionOptions {
   n: number;
   out: string;
-  addr: string;
   token?: string;
   provider?: string;
   model?: string;
@@ -161,7 +159,7 @@ class OutputProgress {
 }
 
 async function generate(prompt: string, o: GenerateOptions, io: CliIo): Promise<number> {
-  const client = createClient(ImageService, createGrpcTransport({ baseUrl: `http://${o.addr}` }));
+  const client = createClient(ImageService, clientTransport(o));
   const headers = o.token ? { authorization: `Bearer ${o.token}` } : undefined;
   try {
     let partials = o.partials;
@@ -206,6 +204,8 @@ export function imagesCommand(io: CliIo = { out: process.stdout, err: process.st
     .addOption(new Option("-n, --n <count>", "number of images").default(1).argParser(intIn(1, 255)))
     .requiredOption("--out <dir>", "directory to write the images to")
     .addOption(addrOption())
+    .addOption(tlsOption())
+    .addOption(caOption())
     .addOption(tokenOption())
     .option("--provider <name>", "provider (default: the server's default)")
     .option("--model <name>", "model (default: the provider's default)")
@@ -228,8 +228,10 @@ export function imagesCommand(io: CliIo = { out: process.stdout, err: process.st
     .command("providers")
     .description("list the registered providers")
     .addOption(addrOption())
-    .action(async (options: { addr: string }) => {
-      const client = createClient(ImageService, createGrpcTransport({ baseUrl: `http://${options.addr}` }));
+    .addOption(tlsOption())
+    .addOption(caOption())
+    .action(async (options: ConnectionOptions) => {
+      const client = createClient(ImageService, clientTransport(options));
       try {
         const response = await client.listProviders({});
         for (const p of response.providers) {
@@ -247,8 +249,10 @@ export function imagesCommand(io: CliIo = { out: process.stdout, err: process.st
     .option("--provider <name>", "provider (default: the server's default)")
     .option("--model <name>", "model")
     .addOption(addrOption())
-    .action(async (options: { addr: string; provider?: string; model?: string }) => {
-      const client = createClient(ImageService, createGrpcTransport({ baseUrl: `http://${options.addr}` }));
+    .addOption(tlsOption())
+    .addOption(caOption())
+    .action(async (options: ConnectionOptions & { provider?: string; model?: string }) => {
+      const client = createClient(ImageService, clientTransport(options));
       try {
         const response = await client.getCapabilities({ provider: options.provider ?? "", model: options.model ?? "" });
         const capabilities = response.capabilities ?? create(ProviderCapabilitiesSchema);

@@ -1,9 +1,8 @@
 import { readFile } from "node:fs/promises";
 import { Command, InvalidArgumentError, Option } from "commander";
 import { ConnectError, createClient } from "@connectrpc/connect";
-import { createGrpcTransport } from "@connectrpc/connect-node";
 import { MediaService, type TensorInfo } from "../../gen/mmgate/media/v1/media_pb.js";
-import { addrOption } from "../cli/address.js";
+import { addrOption, caOption, clientTransport, tlsOption, type ConnectionOptions } from "../cli/address.js";
 import { decoderLimits, fetchPolicy, mediaConfigSchema } from "./config.js";
 import { metadataJson } from "./descriptor.js";
 import { MediaError } from "./errors.js";
@@ -84,8 +83,7 @@ function metadataFromProto(info: TensorInfo | undefined): DecodedMediaMetadata |
 
 const isUrl = (s: string): boolean => /^(https?|data):/i.test(s);
 
-interface DecodeOpts {
-  addr: string;
+interface DecodeOpts extends ConnectionOptions {
   local?: boolean;
   json?: boolean;
   forceRgb?: boolean;
@@ -107,7 +105,7 @@ async function decodeLocally(source: string, opts: DecodeOpts): Promise<Facts> {
 }
 
 async function decodeRemotely(source: string, opts: DecodeOpts): Promise<Facts> {
-  const client = createClient(MediaService, createGrpcTransport({ baseUrl: `http://${opts.addr}` }));
+  const client = createClient(MediaService, clientTransport(opts));
   const res = await client.decode({
     source: isUrl(source) ? { case: "url", value: source } : { case: "data", value: new Uint8Array(await readFile(source)) },
     options: { forceRgb: opts.forceRgb === true, applyExifOrientation: opts.exif === true, skipStore: opts.store !== true },
@@ -195,6 +193,8 @@ export function mediaCommand(): Command {
     .description("decode an image file or URL; by default on the server at --addr, or in this process with --local")
     .argument("<file|url>", "image file, or an http(s) or data URL")
     .addOption(addrOption())
+    .addOption(tlsOption())
+    .addOption(caOption())
     .option("--local", "decode in this process with the default limits and URL policy")
     .option("--json", "print one JSON object (u64 values as decimal strings)")
     .option("--force-rgb", "always three channels")

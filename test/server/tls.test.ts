@@ -1,4 +1,5 @@
-import { execFileSync } from "node:child_process";
+import { execFile, execFileSync } from "node:child_process";
+import { promisify } from "node:util";
 import { mkdtempSync, readFileSync } from "node:fs";
 import { request } from "node:https";
 import { tmpdir } from "node:os";
@@ -9,7 +10,7 @@ import * as grpc from "@grpc/grpc-js";
 import { expect } from "chai";
 import { AdminService } from "../../gen/mmgate/admin/v1/admin_pb.js";
 import type { InProcessServer } from "../support/server.js";
-import { grpcJsClient, grpcUnary, startServer } from "../support/server.js";
+import { grpcJsClient, grpcUnary, repoRoot, startServer } from "../support/server.js";
 
 /** A self-signed certificate for 127.0.0.1, made with the system's openssl. */
 function selfSigned(): { certFile: string; keyFile: string } {
@@ -27,6 +28,7 @@ function selfSigned(): { certFile: string; keyFile: string } {
 describe("TLS", () => {
   let server: InProcessServer;
   let ca: Buffer;
+  let caFile: string;
   before(async function () {
     try {
       execFileSync("openssl", ["version"], { stdio: "ignore" });
@@ -35,6 +37,7 @@ describe("TLS", () => {
     }
     const tls = selfSigned();
     ca = readFileSync(tls.certFile);
+    caFile = tls.certFile;
     server = await startServer({ config: { tls } });
   });
   after(() => server?.close());
@@ -46,6 +49,21 @@ describe("TLS", () => {
     expect(res.version).to.equal("test");
     const viaConnect = createClient(AdminService, createGrpcTransport({ baseUrl: `https://${server.addr}`, nodeOptions: { ca } }));
     expect((await viaConnect.getStatus({})).version).to.equal("test");
+  });
+
+  it("lets the mmgate CLI reach it with --ca (and refuses an unreadable one clearly)", async () => {
+    const run = promisify(execFile);
+    const ok = await run(process.execPath, [`${repoRoot}bin/mmgate.js`, "health", "--addr", server.addr, "--ca", caFile]);
+    expect(ok.stdout).to.equal("SERVING\n");
+    const plain = await run(process.execPath, [`${repoRoot}bin/mmgate.js`, "health", "--addr", server.addr, "--timeout", "2000"]).catch(
+      (e: { code: number }) => e,
+    );
+    expect((plain as { code: number }).code).to.equal(2);
+    const badCa = await run(process.execPath, [`${repoRoot}bin/mmgate.js`, "images", "providers", "--addr", server.addr, "--ca", "/no/ca.pem"]).catch(
+      (e: { code: number; stderr: string }) => e,
+    );
+    expect((badCa as { code: number }).code).to.equal(1);
+    expect((badCa as { stderr: string }).stderr).to.match(/^mmgate: --ca: cannot read \/no\/ca\.pem/);
   });
 
   it("accepts HTTP/1.1 Connect unary calls on the same port", async () => {
