@@ -47,7 +47,7 @@ describe("TLS", () => {
     const res = await grpcUnary<{ version: string }>(client, "GetStatus", {});
     client.close();
     expect(res.version).to.equal("test");
-    const viaConnect = createClient(AdminService, createGrpcTransport({ baseUrl: `https://${server.addr}`, nodeOptions: { ca } }));
+    const viaConnect = createClient(AdminService, createGrpcTransport({ baseUrl: `https://${server.addr}`, nodeOptions: { ca, servername: "" } }));
     expect((await viaConnect.getStatus({})).version).to.equal("test");
   });
 
@@ -70,7 +70,7 @@ describe("TLS", () => {
     const body = await new Promise<string>((resolve, reject) => {
       const req = request(
         `https://${server.addr}/mmgate.admin.v1.AdminService/GetStatus`,
-        { method: "POST", ca, headers: { "content-type": "application/json" } },
+        { method: "POST", ca, servername: "", headers: { "content-type": "application/json" } },
         (res) => {
           let text = "";
           res.setEncoding("utf8");
