@@ -1,4 +1,7 @@
-import { execFile } from "node:child_process";
+import { execFile, spawn } from "node:child_process";
+import { createInterface } from "node:readline";
+import { createClient } from "@connectrpc/connect";
+import { AdminService } from "../../gen/mmgate/admin/v1/admin_pb.js";
 import { mkdtempSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -111,6 +114,29 @@ describe("the mmgate executable", function () {
       expect(res).to.include({ code: 0, stdout: "SERVING\n" });
       const one = await mmgate(["health", "--addr", server.addr, "--service", "mmgate.admin.v1.AdminService"]);
       expect(one.code).to.equal(0);
+    });
+
+    it("--watch prints each status change", async () => {
+      const watcher = spawn(process.execPath, [`${repoRoot}bin/mmgate.js`, "health", "--watch", "--addr", server.addr, "--service", "mmgate.admin.v1.AdminService"], {
+        cwd: repoRoot,
+      });
+      const lines: string[] = [];
+      createInterface({ input: watcher.stdout }).on("line", (l) => lines.push(l));
+      const until = async (n: number) => {
+        for (let i = 0; i < 400 && lines.length < n; i++) await new Promise((r) => setTimeout(r, 25));
+      };
+      try {
+        await until(1);
+        const admin = createClient(AdminService, server.transport);
+        await admin.setServingStatus({ service: "mmgate.admin.v1.AdminService", serving: false });
+        await until(2);
+        await admin.setServingStatus({ service: "mmgate.admin.v1.AdminService", serving: true });
+        await until(3);
+      } finally {
+        watcher.kill();
+      }
+      expect(lines.map((l) => l.split(" ")[1])).to.deep.equal(["SERVING", "NOT_SERVING", "SERVING"]);
+      expect(lines[0]).to.match(/^\d{4}-\d\d-\d\dT/);
     });
 
     it("exits 2 for an unknown service or an unreachable server", async () => {
