@@ -5,6 +5,7 @@ import type { LookupFunction } from "node:net";
 import { Code } from "@connectrpc/connect";
 import { MediaError } from "./errors.js";
 import { blockedNetworkOf, checkUrlAllowed, ipLiteralOf, isDataUrl, type UrlPolicy } from "./url-policy.js";
+import { raceAbort } from "../util/index.js";
 
 export interface FetchPolicy extends UrlPolicy {
   /** Whole fetch, redirects and body included. */
@@ -63,25 +64,6 @@ export function decodeDataUrl(url: string, maxBytes: number): Uint8Array {
   return new Uint8Array(bytes.buffer, bytes.byteOffset, bytes.length);
 }
 
-/** Settles with `work`, or rejects with the signal's reason as soon as it fires. */
-function untilAborted<T>(work: Promise<T>, signal: AbortSignal): Promise<T> {
-  if (signal.aborted) return Promise.reject(signal.reason as Error);
-  return new Promise<T>((resolve, reject) => {
-    const onAbort = () => reject(signal.reason as Error);
-    signal.addEventListener("abort", onAbort, { once: true });
-    work.then(
-      (value) => {
-        signal.removeEventListener("abort", onAbort);
-        resolve(value);
-      },
-      (error: unknown) => {
-        signal.removeEventListener("abort", onAbort);
-        reject(error as Error);
-      },
-    );
-  });
-}
-
 /**
  * Resolves a host and refuses it if any of its addresses is blocked. A
  * resolver that never answers cannot outlive the fetch's deadline or the
@@ -95,7 +77,7 @@ async function resolveChecked(
 ): Promise<readonly ResolvedAddress[]> {
   let addresses: readonly ResolvedAddress[];
   try {
-    addresses = await untilAborted(resolver(host), signal);
+    addresses = await raceAbort(resolver(host), signal);
   } catch (error) {
     signal.throwIfAborted();
     const why = error instanceof Error ? error.message : String(error);

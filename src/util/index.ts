@@ -1,2 +1,2 @@
 export { AcquireError, Semaphore, type AcquireFailure, type Permit } from "./semaphore.js";
-export { untilAborted } from "./drain.js";
+export { raceAbort, untilAborted } from "./abort.js";

@@ -22,3 +22,22 @@ export async function* untilAborted<T>(source: AsyncIterable<T>, signal: AbortSi
     void iterator.return?.()?.catch(() => undefined);
   }
 }
+
+/** Settles with `work`, or rejects with the signal's reason as soon as it fires. */
+export function raceAbort<T>(work: Promise<T>, signal: AbortSignal): Promise<T> {
+  if (signal.aborted) return Promise.reject(signal.reason as Error);
+  return new Promise<T>((resolve, reject) => {
+    const onAbort = () => reject(signal.reason as Error);
+    signal.addEventListener("abort", onAbort, { once: true });
+    work.then(
+      (value) => {
+        signal.removeEventListener("abort", onAbort);
+        resolve(value);
+      },
+      (error: unknown) => {
+        signal.removeEventListener("abort", onAbort);
+        reject(error as Error);
+      },
+    );
+  });
+}

@@ -1,5 +1,5 @@
 import { expect } from "chai";
-import { untilAborted } from "../../src/util/index.js";
+import { raceAbort, untilAborted } from "../../src/util/index.js";
 
 /** An async source that yields `values`, then waits until `release` resolves. */
 function source(values: number[], release: Promise<void>, onReturn: () => void): AsyncIterable<number> {
@@ -40,5 +40,21 @@ describe("untilAborted", () => {
     const out: number[] = [];
     for await (const v of untilAborted(source([1, 2], Promise.resolve(), () => undefined), AbortSignal.abort())) out.push(v);
     expect(out).to.deep.equal([]);
+  });
+});
+
+describe("raceAbort", () => {
+  it("settles with the work when the signal stays quiet", async () => {
+    expect(await raceAbort(Promise.resolve(7), new AbortController().signal)).to.equal(7);
+    const failed = await raceAbort(Promise.reject(new Error("work failed")), new AbortController().signal).catch((e: Error) => e.message);
+    expect(failed).to.equal("work failed");
+  });
+
+  it("rejects with the signal's reason while the work still runs", async () => {
+    const controller = new AbortController();
+    const pending = raceAbort(new Promise(() => undefined), controller.signal).catch((e: Error) => e.message);
+    controller.abort(new Error("gone"));
+    expect(await pending).to.equal("gone");
+    expect(await raceAbort(Promise.resolve(1), AbortSignal.abort(new Error("already"))).catch((e: Error) => e.message)).to.equal("already");
   });
 });
