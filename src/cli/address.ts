@@ -4,14 +4,14 @@ import type { Transport } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
 import type { Command } from "commander";
 import { InvalidArgumentError, Option } from "commander";
+import { hostPort } from "../server/index.js";
 
 export const DEFAULT_ADDR = "127.0.0.1:50051";
 
-/** Validates HOST:PORT or [IPv6]:PORT for --addr. */
+/** Validates HOST:PORT or [IPv6]:PORT for --addr, by the rule the config's listen addresses follow. */
 export function parseAddr(value: string): string {
-  if (!/^(\[[0-9a-fA-F:.]+\]|[^\s:[\]/]+):\d{1,5}$/.test(value)) {
-    throw new InvalidArgumentError("expected HOST:PORT, e.g. 127.0.0.1:50051");
-  }
+  const parsed = hostPort.safeParse(value);
+  if (!parsed.success) throw new InvalidArgumentError(parsed.error.issues[0]?.message ?? "expected HOST:PORT");
   return value;
 }
 
