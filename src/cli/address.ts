@@ -4,7 +4,7 @@ import type { Transport } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
 import type { Command } from "commander";
 import { InvalidArgumentError, Option } from "commander";
-import { hostPort } from "../server/index.js";
+import { hostPort, splitHostPort } from "../server/index.js";
 
 export const DEFAULT_ADDR = "127.0.0.1:50051";
 
@@ -60,7 +60,7 @@ export function clientTransport(options: ConnectionOptions): Transport {
     }
   }
   // No SNI for an IP address (TLS forbids it); the certificate is still checked against the address.
-  const host = options.addr.slice(0, options.addr.lastIndexOf(":")).replace(/^\[(.*)\]$/, "$1");
+  const { host } = splitHostPort(options.addr);
   const servername = isIP(host) ? { servername: "" } : {};
   return createGrpcTransport({ baseUrl: `https://${options.addr}`, nodeOptions: { ...servername, ...(ca ? { ca } : {}) } });
 }

@@ -6,11 +6,17 @@ import type { ServiceModule } from "./module.js";
 
 const MiB = 1024 * 1024;
 
+/** `HOST:PORT` or `[IPv6]:PORT` → host (brackets removed) and port. */
+export function splitHostPort(address: string): { host: string; port: number } {
+  const at = address.lastIndexOf(":");
+  return { host: address.slice(0, at).replace(/^\[(.*)\]$/, "$1"), port: Number(address.slice(at + 1)) };
+}
+
 /** `HOST:PORT`, `[IPv6]:PORT`; port 0 picks a free port. */
 export const hostPort = z
   .string()
   .regex(/^(\[[0-9a-fA-F:.]+\]|[^\s:[\]]+):\d{1,5}$/, "expected HOST:PORT, e.g. 127.0.0.1:50051 or [::1]:50051")
-  .refine((s) => Number(s.slice(s.lastIndexOf(":") + 1)) <= 65535, "port must be 0..65535");
+  .refine((s) => splitHostPort(s).port <= 65535, "port must be 0..65535");
 
 const bytes = (min: number, max: number) => z.number().int().min(min).max(max);
 

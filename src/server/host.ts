@@ -12,7 +12,7 @@ import { createAdminServer } from "./admin-http.js";
 import { AdminService, adminService } from "./admin-service.js";
 import { bearerAuthInterceptor } from "./auth.js";
 import type { MmgateConfig } from "./config.js";
-import { ConfigError } from "./config.js";
+import { ConfigError, splitHostPort } from "./config.js";
 import { Health, HealthRegistry, ServingStatus, healthService } from "./health.js";
 import { RpcMetrics } from "./metrics.js";
 import type { ModuleInstance, ServiceBinding, ServiceModule } from "./module.js";
@@ -48,11 +48,6 @@ export interface Host {
   readonly closed: Promise<void>;
 }
 
-function splitHostPort(address: string): { host: string; port: number } {
-  const at = address.lastIndexOf(":");
-  const host = address.slice(0, at).replace(/^\[(.*)\]$/, "$1");
-  return { host, port: Number(address.slice(at + 1)) };
-}
 
 function formatAddress(info: AddressInfo): string {
   return info.family === "IPv6" ? `[${info.address}]:${info.port}` : `${info.address}:${info.port}`;

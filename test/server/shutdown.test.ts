@@ -1,4 +1,5 @@
 import { connect } from "node:net";
+import { splitHostPort } from "../../src/server/index.js";
 import type * as grpc from "@grpc/grpc-js";
 import { expect } from "chai";
 import type { ChildServer } from "../support/server.js";
@@ -109,7 +110,7 @@ describe("graceful shutdown of `mmgate serve`", function () {
 
   it("closes connections that never spoke HTTP/2 once the grace is over", async () => {
     server = await startChildServer(["--set", "shutdown.graceMs=300"]);
-    const [host, port] = [server.addr.slice(0, server.addr.lastIndexOf(":")), Number(server.addr.slice(server.addr.lastIndexOf(":") + 1))];
+    const { host, port } = splitHostPort(server.addr);
     // An idle TCP connection, and one that sent half a preface.
     const idle = connect(port, host);
     const half = connect(port, host, () => half.write("PRI * HTTP/2.0\r\n"));
