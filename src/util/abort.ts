@@ -41,3 +41,52 @@ export function raceAbort<T>(work: Promise<T>, signal: AbortSignal): Promise<T> 
     );
   });
 }
+
+/**
+ * Resolves after `ms`, or rejects with the signal's reason as soon as it
+ * fires (the timer is cleared then). `ms` is clamped to what a Node timer
+ * can hold.
+ */
+export function delay(ms: number, signal?: AbortSignal): Promise<void> {
+  if (signal?.aborted) return Promise.reject(signal.reason as Error);
+  return new Promise<void>((resolve, reject) => {
+    const onAbort = () => {
+      clearTimeout(timer);
+      reject(signal?.reason as Error);
+    };
+    const timer = setTimeout(
+      () => {
+        signal?.removeEventListener("abort", onAbort);
+        resolve();
+      },
+      Math.min(Math.max(0, ms), MAX_TIMER_MS),
+    );
+    signal?.addEventListener("abort", onAbort, { once: true });
+  });
+}
+
+/** The longest delay a Node timer holds (longer ones fire at once). */
+export const MAX_TIMER_MS = 2 ** 31 - 1;
+
+/**
+ * Waits until `work` settles (either way) or `ms` pass, whichever is first;
+ * true when it settled in time. Never rejects, and clears its timer, so a
+ * grace period leaves nothing behind.
+ */
+export async function settleWithin(work: PromiseLike<unknown>, ms: number): Promise<boolean> {
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const expired = new Promise<false>((resolve) => {
+    timer = setTimeout(() => resolve(false), Math.min(Math.max(0, ms), MAX_TIMER_MS));
+  });
+  try {
+    return await Promise.race([
+      Promise.resolve(work).then(
+        () => true,
+        () => true,
+      ),
+      expired,
+    ]);
+  } finally {
+    clearTimeout(timer);
+  }
+}

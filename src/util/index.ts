@@ -1,2 +1,2 @@
 export { AcquireError, Semaphore, type AcquireFailure, type Permit } from "./semaphore.js";
-export { raceAbort, untilAborted } from "./abort.js";
+export { delay, MAX_TIMER_MS, raceAbort, settleWithin, untilAborted } from "./abort.js";
