@@ -1,36 +1,16 @@
-import { xxh3 } from "@node-rs/xxhash";
+import { ByteWriter, lengthPrefixedSize, ONE_SHOT_MAX_BYTES, xxh3_64Parts } from "../bytes/index.js";
 import { MediaError } from "./errors.js";
 import { videoMetadataJson } from "./serde-json.js";
 import { DTYPE_BYTE, MAX_TENSOR_RANK, isImageMetadata, isVideoMetadata } from "./tensor.js";
 import type { DataType, MediaTensorInfo } from "./tensor.js";
 
-/**
- * Below this many bytes the one-shot XXH3 is faster than feeding a reused
- * streaming hasher; above it the streaming hasher runs at memory speed.
- */
-export const ONE_SHOT_MAX_BYTES = 2048;
+export { ONE_SHOT_MAX_BYTES };
 
 const VIDEO_TAG = new TextEncoder().encode("video");
 
-let shared: xxh3.Xxh3 | undefined;
-
-/** The process-wide streaming hasher, reset. Safe: every use is synchronous. */
-function streamingHasher(): xxh3.Xxh3 {
-  shared ??= xxh3.Xxh3.withSeed(0n);
-  shared.reset();
-  return shared;
-}
-
-/** XXH3-64 (seed 0) of `prefix ‖ payload`, one-shot when small. */
+/** XXH3-64 (seed 0) of `prefix ‖ payload`. */
 function hashPrefixed(prefix: Uint8Array, payload: Uint8Array): bigint {
-  const total = prefix.length + payload.length;
-  if (total < ONE_SHOT_MAX_BYTES) {
-    const joined = new Uint8Array(total);
-    joined.set(prefix, 0);
-    joined.set(payload, prefix.length);
-    return xxh3.xxh64(joined, 0n);
-  }
-  return streamingHasher().update(prefix).update(payload).digest();
+  return xxh3_64Parts([prefix, payload], 0n);
 }
 
 function checkDim(dim: number): bigint {
@@ -40,46 +20,18 @@ function checkDim(dim: number): bigint {
   return BigInt(dim);
 }
 
-/** Writes u64 LE values and raw bytes into one buffer. */
-class HeaderWriter {
-  private readonly parts: Uint8Array[] = [];
-  private size = 0;
-
-  u64(value: bigint): this {
-    const b = new Uint8Array(8);
-    new DataView(b.buffer).setBigUint64(0, value, true);
-    return this.bytes(b);
+/** Bytes of `u64 LE rank ‖ dims as u64 LE ‖ dtype byte`; refuses too many dimensions before anything is built. */
+function shapeSize(shape: readonly number[]): number {
+  if (shape.length > MAX_TENSOR_RANK) {
+    throw new MediaError("TENSOR_INVALID", `tensor rank ${shape.length} exceeds the limit of ${MAX_TENSOR_RANK}`);
   }
+  return 8 + 8 * shape.length + 1;
+}
 
-  bytes(b: Uint8Array): this {
-    this.parts.push(b);
-    this.size += b.length;
-    return this;
-  }
-
-  /** LP(x) = u64 LE len(x) ‖ x */
-  lengthPrefixed(b: Uint8Array): this {
-    return this.u64(BigInt(b.length)).bytes(b);
-  }
-
-  shape(shape: readonly number[], dtype: DataType): this {
-    if (shape.length > MAX_TENSOR_RANK) {
-      throw new MediaError("TENSOR_INVALID", `tensor rank ${shape.length} exceeds the limit of ${MAX_TENSOR_RANK}`);
-    }
-    this.u64(BigInt(shape.length));
-    for (const dim of shape) this.u64(checkDim(dim));
-    return this.bytes(Uint8Array.of(DTYPE_BYTE[dtype]));
-  }
-
-  finish(): Uint8Array {
-    const out = new Uint8Array(this.size);
-    let at = 0;
-    for (const p of this.parts) {
-      out.set(p, at);
-      at += p.length;
-    }
-    return out;
-  }
+function writeShape(writer: ByteWriter, shape: readonly number[], dtype: DataType): ByteWriter {
+  writer.u64(BigInt(shape.length));
+  for (const dim of shape) writer.u64(checkDim(dim));
+  return writer.u8(DTYPE_BYTE[dtype]);
 }
 
 /**
@@ -88,7 +40,8 @@ class HeaderWriter {
  */
 export function canonicalContentHash(shape: readonly number[], dtype: DataType, bytes: Uint8Array): bigint | null {
   if (bytes.length === 0) return null;
-  return hashPrefixed(new HeaderWriter().shape(shape, dtype).finish(), bytes);
+  const header = writeShape(new ByteWriter(shapeSize(shape)), shape, dtype).finish();
+  return hashPrefixed(header, bytes);
 }
 
 /**
@@ -102,12 +55,9 @@ export function videoContentHash(info: MediaTensorInfo, bytes: Uint8Array): bigi
     throw new MediaError("VIDEO_METADATA_INVALID", "decoded media metadata is not video metadata");
   }
   const json = new TextEncoder().encode(videoMetadataJson(info.metadata.Video));
-  const prefix = new HeaderWriter()
-    .lengthPrefixed(VIDEO_TAG)
-    .shape(info.shape, info.dtype)
-    .lengthPrefixed(json)
-    .u64(BigInt(bytes.length))
-    .finish();
+  const size = lengthPrefixedSize(VIDEO_TAG.length) + shapeSize(info.shape) + lengthPrefixedSize(json.length) + 8;
+  const writer = new ByteWriter(size).lengthPrefixed(VIDEO_TAG);
+  const prefix = writeShape(writer, info.shape, info.dtype).lengthPrefixed(json).u64(BigInt(bytes.length)).finish();
   return hashPrefixed(prefix, bytes);
 }
 
