@@ -1,2 +1,3 @@
 export { AcquireError, Semaphore, type AcquireFailure, type Permit } from "./semaphore.js";
 export { delay, MAX_TIMER_MS, raceAbort, settleWithin, untilAborted } from "./abort.js";
+export { BoundedQueue, type BoundedQueueOptions } from "./bounded-queue.js";
