@@ -1,6 +1,6 @@
 import { Command, InvalidArgumentError, Option } from "commander";
 import { pino } from "pino";
-import { catalog } from "../catalog.js";
+import { builtinModules } from "../modules.js";
 import { ConfigError, loadConfig, parseScalar, redactedConfig, startHost } from "../server/index.js";
 import { version } from "../version.js";
 
@@ -8,6 +8,7 @@ interface ServeOptions {
   config?: string;
   listen?: string;
   adminListen?: string;
+  modules?: string;
   services?: string;
   logLevel?: string;
   set: Record<string, unknown>;
@@ -26,7 +27,8 @@ export function serveCommand(): Command {
     .addOption(new Option("-c, --config <file>", "JSON or YAML config file").env("MMGATE_CONFIG"))
     .option("--listen <host:port>", "gRPC listener (default 127.0.0.1:50051)")
     .option("--admin-listen <host:port>", 'admin HTTP listener for /metrics, /healthz, /readyz ("" turns it off; default 127.0.0.1:9464)')
-    .option("--services <names>", `comma-separated modules to run (known: ${catalog.map((m) => m.name).join(", ") || "none"})`)
+    .option("--modules <names>", `comma-separated modules to run (known: ${builtinModules.map((m) => m.name).join(", ") || "none"})`)
+    .addOption(new Option("--services <names>", "old name of --modules").hideHelp())
     .option("--log-level <level>", "fatal, error, warn, info, debug, trace or silent")
     .option("--set <key=value>", "set any config key, e.g. --set shutdown.graceMs=2000 (repeatable)", collectSet, {})
     .option("--print-config", "print the effective config (secrets redacted) and exit")
@@ -34,12 +36,13 @@ export function serveCommand(): Command {
       const overrides: Record<string, unknown> = { ...opts.set };
       if (opts.listen !== undefined) overrides.listen = opts.listen;
       if (opts.adminListen !== undefined) overrides.adminListen = opts.adminListen;
+      if (opts.modules !== undefined) overrides.modules = opts.modules;
       if (opts.services !== undefined) overrides.services = opts.services;
       if (opts.logLevel !== undefined) overrides["log.level"] = opts.logLevel;
       const warnings: string[] = [];
       let config;
       try {
-        config = loadConfig({ file: opts.config, env: process.env, overrides, onWarning: (m) => warnings.push(m) }, catalog);
+        config = loadConfig({ file: opts.config, env: process.env, overrides, onWarning: (m) => warnings.push(m) }, builtinModules);
       } catch (err) {
         if (err instanceof ConfigError) {
           process.stderr.write(`mmgate: ${err.message}\n`);
@@ -56,7 +59,7 @@ export function serveCommand(): Command {
       for (const w of warnings) logger.warn(w);
       let host;
       try {
-        host = await startHost({ config, modules: catalog, logger, version });
+        host = await startHost({ config, modules: builtinModules, logger, version });
       } catch (err) {
         // Start-up failures an operator can fix: name them, no stack trace.
         const e = err as NodeJS.ErrnoException;

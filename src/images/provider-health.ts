@@ -1,4 +1,4 @@
-import type { HealthRegistry } from "../server/index.js";
+import type { ModuleHealth } from "../server/index.js";
 import { ServingStatus } from "../server/index.js";
 import type { ImageRuntime } from "./runtime/runtime.js";
 
@@ -17,7 +17,7 @@ export function providerHealthName(serviceName: string, provider: string): strin
  * and to operators (AdminService.SetServingStatus), so the two never fight.
  * Returns a function that stops the refresh.
  */
-export function publishProviderHealth(runtime: ImageRuntime, health: HealthRegistry, serviceName: string): {
+export function publishProviderHealth(runtime: ImageRuntime, health: ModuleHealth, serviceName: string): {
   refresh: () => void;
   stop: () => void;
 } {
@@ -26,7 +26,7 @@ export function publishProviderHealth(runtime: ImageRuntime, health: HealthRegis
       const open = entry.breaker.snapshot().state === "open";
       const name = providerHealthName(serviceName, entry.name);
       const status = open ? ServingStatus.NOT_SERVING : ServingStatus.SERVING;
-      if (health.get(name) !== status || !health.has(name)) health.set(name, status);
+      if (health.get(name) !== status) health.set(name, status);
     }
   };
   refresh();

@@ -45,7 +45,7 @@ export function adminService(state: AdminState): Partial<ServiceImpl<typeof Admi
       if (state.health.isDraining) {
         throw new ConnectError("the server is draining; its status cannot change", Code.FailedPrecondition);
       }
-      state.health.set(req.service, req.serving ? ServingStatus.SERVING : ServingStatus.NOT_SERVING);
+      state.health.setOperatorServing(req.service, req.serving);
       return { status: state.health.get(req.service) ?? ServingStatus.UNKNOWN };
     },
   };

@@ -76,12 +76,12 @@ export const hostConfigSchema = z.strictObject({
 
 export type HostConfig = z.output<typeof hostConfigSchema>;
 
-/** The whole configuration: host settings, the service list, module sections. */
+/** The whole configuration: host settings, the module list, module sections. */
 export interface MmgateConfig extends HostConfig {
-  /** Names of the modules to run. */
-  services: string[];
+  /** Names of the modules to run (and serve). */
+  modules: string[];
   /** One validated section per known module, keyed by module name. */
-  modules: Record<string, unknown>;
+  sections: Record<string, unknown>;
 }
 
 /** Config errors name the offending field and where the value came from. */
@@ -123,6 +123,7 @@ const ENV_ALIASES: Record<string, { path: string; raw: boolean }> = {
   MMGATE_ADVERTISE_ADDRESS: { path: "advertiseAddress", raw: true },
   MMGATE_AUTH_TOKEN: { path: "auth.token", raw: true },
   MMGATE_LOG_LEVEL: { path: "log.level", raw: true },
+  MMGATE_MODULES: { path: "modules", raw: true },
   MMGATE_SERVICES: { path: "services", raw: true },
   MMGATE_TLS_CERT_FILE: { path: "tls.certFile", raw: true },
   MMGATE_TLS_KEY_FILE: { path: "tls.keyFile", raw: true },
@@ -193,9 +194,20 @@ function readConfigFile(file: string): Record<string, unknown> {
  * (`topLevelKeys`) are left out with a warning: the prefix is shared with
  * variables such as API keys that modules read by name.
  */
-export function gatherRawConfig(sources: ConfigSources, topLevelKeys?: ReadonlySet<string>): RawConfig {
+export function gatherRawConfig(sources: ConfigSources, topLevelKeys?: ReadonlySet<string>, modules: readonly ServiceModule[] = []): RawConfig {
   const values = sources.file ? readConfigFile(sources.file) : {};
   const origins = new Map<string, string>();
+  // A module's own names for its keys (the relay's DYN_RELAY_*, say), before
+  // MMGATE_* so that the project's own prefix wins when both are set.
+  for (const module of modules) {
+    for (const [name, key] of Object.entries(module.env ?? {})) {
+      const value = sources.env?.[name];
+      if (value === undefined) continue;
+      const path = `${module.name}.${key}`;
+      setPath(values, path, parseScalar(value));
+      origins.set(path, name);
+    }
+  }
   for (const [name, value] of Object.entries(sources.env ?? {})) {
     if (!name.startsWith("MMGATE_") || value === undefined || ENV_IGNORED.has(name)) continue;
     const alias = ENV_ALIASES[name];
@@ -228,7 +240,7 @@ function formatIssues(error: z.ZodError, prefix: string, origins: ReadonlyMap<st
 
 /** The first-level keys a config may have with these modules. */
 export function topLevelConfigKeys(modules: readonly ServiceModule[]): Set<string> {
-  return new Set([...Object.keys(hostConfigSchema.shape), "services", ...modules.map((m) => m.name)]);
+  return new Set([...Object.keys(hostConfigSchema.shape), "modules", "services", ...modules.map((m) => m.name)]);
 }
 
 /**
@@ -239,9 +251,22 @@ export function resolveConfig(
   raw: Record<string, unknown>,
   modules: readonly ServiceModule[],
   origins: ReadonlyMap<string, string> = new Map(),
+  onWarning?: (message: string) => void,
 ): MmgateConfig {
   const known = new Map(modules.map((m) => [m.name, m]));
-  const { services: rawServices, ...rest } = raw;
+  const { modules: rawModules, services: rawServices, ...rest } = raw;
+  // `services` was this key's first name; it held module names all along.
+  let listed = rawModules;
+  let listKey = "modules";
+  if (rawServices !== undefined) {
+    if (rawModules === undefined) {
+      listed = rawServices;
+      listKey = "services";
+      onWarning?.(`"services" is the old name of "modules" (${origins.get("services") ?? "config"}); it still works`);
+    } else {
+      onWarning?.(`both "modules" and its old name "services" are set; "services" is ignored`);
+    }
+  }
   const hostRaw: Record<string, unknown> = {};
   const moduleRaw: Record<string, unknown> = {};
   for (const [key, value] of Object.entries(rest)) (known.has(key) ? moduleRaw : hostRaw)[key] = value;
@@ -250,15 +275,17 @@ export function resolveConfig(
   const host = hostConfigSchema.safeParse(hostRaw);
   if (!host.success) issues.push(...formatIssues(host.error, "", origins));
 
-  let services = [...known.keys()];
-  if (rawServices !== undefined) {
-    const list = typeof rawServices === "string" ? rawServices.split(",").map((s) => s.trim()).filter(Boolean) : rawServices;
+  let enabled = [...known.keys()];
+  if (listed !== undefined) {
+    const list = typeof listed === "string" ? listed.split(",").map((s) => s.trim()).filter(Boolean) : listed;
+    const origin = origins.get(listKey);
+    const from = origin ? ` (from ${origin})` : "";
     if (!Array.isArray(list) || !list.every((s) => typeof s === "string")) {
-      issues.push("services: expected a list of module names");
+      issues.push(`${listKey}: expected a list of module names${from}`);
     } else {
       const unknown = list.filter((s) => !known.has(s));
-      if (unknown.length > 0) issues.push(`services: unknown module ${unknown.map((s) => `"${s}"`).join(", ")} (known: ${[...known.keys()].join(", ")})`);
-      services = [...new Set(list)];
+      if (unknown.length > 0) issues.push(`${listKey}: unknown module ${unknown.map((s) => `"${s}"`).join(", ")} (known: ${[...known.keys()].join(", ")})${from}`);
+      enabled = [...new Set(list)];
     }
   }
 
@@ -270,19 +297,19 @@ export function resolveConfig(
   }
 
   if (issues.length > 0 || !host.success) throw new ConfigError("invalid configuration", issues);
-  return { ...host.data, services, modules: sections };
+  return { ...host.data, modules: enabled, sections };
 }
 
 /** Loads, merges and validates in one step. */
 export function loadConfig(sources: ConfigSources, modules: readonly ServiceModule[]): MmgateConfig {
-  const raw = gatherRawConfig(sources, topLevelConfigKeys(modules));
-  return resolveConfig(raw.values, modules, raw.origins);
+  const raw = gatherRawConfig(sources, topLevelConfigKeys(modules), modules);
+  return resolveConfig(raw.values, modules, raw.origins, sources.onWarning);
 }
 
 /** The config as a plain object with secrets redacted, for printing and GetConfig. */
 export function redactedConfig(config: MmgateConfig): Record<string, unknown> {
-  const { modules, ...host } = config;
-  const out = structuredClone({ ...host, ...modules }) as Record<string, unknown>;
+  const { sections, ...host } = config;
+  const out = structuredClone({ ...host, ...sections }) as Record<string, unknown>;
   for (const path of SECRET_PATHS) {
     let node: unknown = out;
     for (const key of path.slice(0, -1)) node = (node as Record<string, unknown> | undefined)?.[key];

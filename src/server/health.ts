@@ -1,6 +1,8 @@
 import { create } from "@bufbuild/protobuf";
 import type { ServiceImpl } from "@connectrpc/connect";
 import { Code, ConnectError } from "@connectrpc/connect";
+import { BoundedQueue } from "../util/index.js";
+import type { ModuleHealth } from "./module.js";
 import {
   Health,
   HealthCheckResponse_ServingStatus as ServingStatus,
@@ -14,11 +16,15 @@ type Listener = (status: ServingStatus) => void;
 
 /**
  * Serving status of the server ("") and of each registered service, with
- * change listeners for grpc.health.v1 Watch. While the server drains every
- * service reports NOT_SERVING, whatever was set for it.
+ * change listeners for grpc.health.v1 Watch. Each entry has the status its
+ * owner reports and, on top, an operator's override
+ * (AdminService.SetServingStatus): the effective status is NOT_SERVING
+ * while either says so. While the server drains every entry reports
+ * NOT_SERVING, whatever was set for it.
  */
 export class HealthRegistry {
   private readonly statuses = new Map<string, ServingStatus>();
+  private readonly outOfRotation = new Set<string>();
   private readonly listeners = new Map<string, Set<Listener>>();
   private draining = false;
 
@@ -26,11 +32,14 @@ export class HealthRegistry {
     this.statuses.set("", ServingStatus.SERVING);
   }
 
-  /** Registers a service (SERVING) or changes its status. */
+  /** Registers an entry or changes the status its owner reports. */
   set(service: string, status: ServingStatus): void {
-    const before = this.get(service);
-    this.statuses.set(service, status);
-    this.notify(service, before);
+    this.change(service, () => this.statuses.set(service, status));
+  }
+
+  /** An operator takes an entry out of rotation (false) or puts it back (true). */
+  setOperatorServing(service: string, serving: boolean): void {
+    this.change(service, () => (serving ? this.outOfRotation.delete(service) : this.outOfRotation.add(service)));
   }
 
   has(service: string): boolean {
@@ -41,7 +50,7 @@ export class HealthRegistry {
   get(service: string): ServingStatus | undefined {
     const set = this.statuses.get(service);
     if (set === undefined) return undefined;
-    return this.draining ? ServingStatus.NOT_SERVING : set;
+    return this.draining || this.outOfRotation.has(service) ? ServingStatus.NOT_SERVING : set;
   }
 
   names(): string[] {
@@ -71,6 +80,12 @@ export class HealthRegistry {
     };
   }
 
+  private change(service: string, apply: () => void): void {
+    const before = this.get(service);
+    apply();
+    this.notify(service, before);
+  }
+
   private notify(service: string, before: ServingStatus | undefined): void {
     const after = this.get(service);
     if (after === before || after === undefined) return;
@@ -78,32 +93,71 @@ export class HealthRegistry {
   }
 }
 
-/** Bounds a Watch stream's backlog: only the latest status matters. */
-class LatestStatus {
-  private pending: ServingStatus | undefined;
-  private wake: (() => void) | undefined;
+/**
+ * Readiness of every module, folded into the server's `""` entry: SERVING
+ * once the host has started and while every module is ready. Each module
+ * gets a `ModuleHealth` whose services follow its readiness until it sets
+ * them itself.
+ */
+export class Readiness {
+  private readonly notReady = new Map<string, string>();
+  private started = false;
 
-  push(status: ServingStatus): void {
-    this.pending = status;
-    this.wake?.();
+  constructor(
+    private readonly registry: HealthRegistry,
+    private readonly onChange: (module: string, ready: boolean, reason: string | undefined) => void = () => undefined,
+  ) {
+    this.registry.set("", ServingStatus.NOT_SERVING);
   }
 
-  async next(signal: AbortSignal): Promise<ServingStatus | undefined> {
-    while (this.pending === undefined) {
-      if (signal.aborted) return undefined;
-      await new Promise<void>((resolve) => {
-        const done = () => {
-          signal.removeEventListener("abort", done);
-          this.wake = undefined;
-          resolve();
-        };
-        this.wake = done;
-        signal.addEventListener("abort", done, { once: true });
-      });
-    }
-    const status = this.pending;
-    this.pending = undefined;
-    return status;
+  /** The routes are live and every module started: "" may turn SERVING. */
+  markStarted(): void {
+    this.started = true;
+    this.publish();
+  }
+
+  /** Modules not ready, with their reasons. */
+  pending(): ReadonlyMap<string, string> {
+    return this.notReady;
+  }
+
+  forModule(module: string): ModuleHealth & { follow(services: readonly string[]): void } {
+    const own = new Set<string>();
+    const following = new Set<string>();
+    let ready = true;
+    const status = () => (ready ? ServingStatus.SERVING : ServingStatus.NOT_SERVING);
+    return {
+      get ready() {
+        return ready;
+      },
+      setReady: (value, reason) => {
+        if (value === ready && (value || this.notReady.get(module) === (reason ?? "not ready"))) return;
+        ready = value;
+        if (value) this.notReady.delete(module);
+        else this.notReady.set(module, reason ?? "not ready");
+        for (const name of following) this.registry.set(name, status());
+        this.onChange(module, value, reason);
+        this.publish();
+      },
+      set: (name, value) => {
+        own.add(name);
+        following.delete(name);
+        this.registry.set(name, value);
+      },
+      get: (name) => this.registry.get(name),
+      follow: (services) => {
+        for (const name of services) {
+          if (own.has(name)) continue;
+          following.add(name);
+          this.registry.set(name, status());
+        }
+      },
+    };
+  }
+
+  private publish(): void {
+    const serving = this.started && this.notReady.size === 0;
+    this.registry.set("", serving ? ServingStatus.SERVING : ServingStatus.NOT_SERVING);
   }
 }
 
@@ -127,21 +181,23 @@ export function healthService(registry: HealthRegistry, drainSignal: AbortSignal
       return create(HealthListResponseSchema, { statuses });
     },
     async *watch(req, ctx) {
-      const latest = new LatestStatus();
-      latest.push(registry.get(req.service) ?? ServingStatus.SERVICE_UNKNOWN);
-      const unsubscribe = registry.subscribe(req.service, (s) => latest.push(s));
+      // Only the latest status matters: a slow reader skips what it missed.
+      const latest = new BoundedQueue<ServingStatus>({ maxItems: 1 });
+      latest.replace(registry.get(req.service) ?? ServingStatus.SERVICE_UNKNOWN);
+      const unsubscribe = registry.subscribe(req.service, (s) => latest.replace(s));
       // The stream ends on client cancellation, or on drain once the
       // NOT_SERVING that drain published has been written.
       const stop = AbortSignal.any([ctx.signal, drainSignal]);
       try {
         for (;;) {
-          const status = await latest.next(stop);
-          if (status === undefined) return;
-          yield { status };
-          if (drainSignal.aborted && status === ServingStatus.NOT_SERVING) return;
+          const next = await latest.next(stop).catch(() => undefined);
+          if (next === undefined || next.done === true) return;
+          yield { status: next.value };
+          if (drainSignal.aborted && next.value === ServingStatus.NOT_SERVING) return;
         }
       } finally {
         unsubscribe();
+        latest.close();
       }
     },
   };

@@ -13,21 +13,37 @@ import { AdminService, adminService } from "./admin-service.js";
 import { bearerAuthInterceptor } from "./auth.js";
 import type { MmgateConfig } from "./config.js";
 import { ConfigError, splitHostPort } from "./config.js";
-import { Health, HealthRegistry, ServingStatus, healthService } from "./health.js";
+import { settleWithin } from "../util/index.js";
+import { errorMappingInterceptor } from "./error-mapping.js";
+import { Health, HealthRegistry, Readiness, ServingStatus, healthService } from "./health.js";
+import { lazyRouterTransport } from "./local-transport.js";
 import { RpcMetrics } from "./metrics.js";
-import type { ModuleInstance, ServiceBinding, ServiceModule } from "./module.js";
+import type { ErrorMapper, ModuleHealth, ModuleInstance, ServiceBinding, ServiceModule } from "./module.js";
+import { planModules } from "./module-plan.js";
+import { Supervisor } from "./supervisor.js";
 import { addReflection, reflectionServices } from "./reflection.js";
 import { RpcObserver, recordStatusInterceptor, rpcRecordKey } from "./rpc-observer.js";
 
 export interface HostOptions {
   config: MmgateConfig;
-  /** Every known module; `config.services` says which of them run. */
+  /** Every known module; `config.modules` says which of them run. */
   modules: readonly ServiceModule[];
   logger: Logger;
   version: string;
 }
 
 type NodeReq = http2.Http2ServerRequest | IncomingMessage;
+
+/** How long supervised tasks get to return once their signal fired. */
+const TASK_STOP_MS = 5000;
+
+interface BuiltModule {
+  readonly module: ServiceModule;
+  readonly served: boolean;
+  readonly supervisor: Supervisor;
+  readonly health: ModuleHealth & { follow(services: readonly string[]): void };
+  instance: ModuleInstance;
+}
 type NodeRes = http2.Http2ServerResponse | ServerResponse;
 
 /** A running server: its addresses, health, and the way to stop it. */
@@ -227,49 +243,90 @@ export async function startHost(options: HostOptions): Promise<Host> {
   const address = await listen(server, config.listen);
   const advertised = config.advertiseAddress || address;
 
-  const instances: { name: string; instance: ModuleInstance }[] = [];
+  const plan = planModules(options.modules, config.modules);
+  const readiness = new Readiness(health, (module, ready, reason) =>
+    logger.info({ module, ready, reason }, ready ? "module ready" : "module not ready"),
+  );
+  // Bound once the routes exist; a call before that answers UNAVAILABLE.
+  let localRoutes: ((router: ConnectRouter) => void) | undefined;
+  const localTransport = lazyRouterTransport(() => localRoutes, {
+    readMaxBytes: config.limits.maxReceiveMessageBytes,
+    writeMaxBytes: config.limits.maxSendMessageBytes,
+  });
+  const built: BuiltModule[] = [];
   const closeModules = async () => {
-    for (const { name, instance } of instances.reverse()) {
+    for (const { module, instance } of [...built].reverse()) {
       try {
         await instance.close?.();
       } catch (err) {
-        logger.error({ err, module: name }, "module failed to close");
+        logger.error({ err, module: module.name }, "module failed to close");
       }
     }
   };
-  const enabled = options.modules.filter((m) => config.services.includes(m.name));
+  const stopTasks = (timeoutMs: number) => Promise.all(built.map((b) => b.supervisor.stop(timeoutMs)));
   let bindings: ServiceBinding[];
   try {
-    for (const module of enabled) {
-      const instance = await module.create({
-        config: config.modules[module.name],
-        root: config as unknown as Record<string, unknown>,
-        logger: logger.child({ module: module.name }),
+    const exportsByName = new Map<string, unknown>();
+    for (const { module, served } of plan) {
+      const moduleLogger = logger.child({ module: module.name });
+      const supervisor = new Supervisor(module.name, moduleLogger, metrics.registry);
+      const moduleHealth = readiness.forModule(module.name);
+      const deps: Record<string, unknown> = {};
+      for (const [key, dep] of Object.entries(module.requires ?? {})) deps[key] = exportsByName.get(dep.name);
+      // The instance is stored before anything can throw, so that a failing
+      // create() of a later module still stops this one's tasks.
+      const entry: BuiltModule = { module, served, supervisor, health: moduleHealth, instance: { services: [] } };
+      built.push(entry);
+      entry.instance = await module.create({
+        config: config.sections[module.name],
+        deps,
+        logger: moduleLogger,
         metrics: metrics.registry,
-        health,
+        health: moduleHealth,
+        tasks: supervisor,
         drainSignal: drainController.signal,
         advertisedAddress: advertised,
+        localTransport,
       });
-      instances.push({ name: module.name, instance });
+      exportsByName.set(module.name, entry.instance.exports);
     }
-    bindings = instances.flatMap((i) => [...i.instance.services]);
+    bindings = built.filter((b) => b.served).flatMap((b) => [...b.instance.services]);
     const seen = new Set<string>();
     for (const b of bindings) {
       if (seen.has(b.service.typeName)) throw new Error(`service ${b.service.typeName} is registered twice`);
       seen.add(b.service.typeName);
     }
   } catch (err) {
-    // Whatever started is stopped again: timers, sockets, the listener.
+    // Whatever started is stopped again: tasks, timers, sockets, the listener.
+    await stopTasks(1000);
     await closeModules();
     await closeServer(server);
     throw err;
   }
   const routed = [...bindings.map((b) => b.service), Health, AdminService];
   const serviceNames = [...routed, ...reflectionServices].map((s) => s.typeName).sort();
-  for (const name of serviceNames) health.set(name, ServingStatus.SERVING);
+  // The host's own services are always SERVING; a module's follow its readiness.
+  for (const s of [Health, AdminService, ...reflectionServices]) health.set(s.typeName, ServingStatus.SERVING);
+  for (const b of built) if (b.served) b.health.follow(b.instance.services.map((s) => s.service.typeName));
 
-  const interceptors: Interceptor[] = [recordStatusInterceptor, drainInterceptor(() => health.isDraining)];
+  const mappers = new Map<string, ErrorMapper>();
+  for (const b of built) {
+    const mapError = b.module.mapError;
+    if (mapError) for (const s of b.instance.services) mappers.set(s.service.typeName, mapError);
+  }
+
+  const interceptors: Interceptor[] = [
+    recordStatusInterceptor,
+    drainInterceptor(() => health.isDraining),
+    errorMappingInterceptor((typeName) => mappers.get(typeName), logger),
+  ];
   if (config.auth.token !== "") interceptors.push(bearerAuthInterceptor(config.auth.token));
+  const registerRoutes = (router: ConnectRouter) => {
+    for (const b of bindings) router.service(b.service, b.implementation);
+    router.service(Health, healthService(health, drainController.signal));
+    router.service(AdminService, adminService({ version: options.version, startedAt, config, health }));
+    addReflection(router, routed, drainController.signal);
+  };
 
   const adapter = connectNodeAdapter({
     readMaxBytes: config.limits.maxReceiveMessageBytes,
@@ -278,10 +335,7 @@ export async function startHost(options: HostOptions): Promise<Host> {
     shutdownSignal: abortController.signal,
     interceptors,
     routes(router: ConnectRouter) {
-      for (const b of bindings) router.service(b.service, b.implementation);
-      router.service(Health, healthService(health, drainController.signal));
-      router.service(AdminService, adminService({ version: options.version, startedAt, config, health }));
-      addReflection(router, routed, drainController.signal);
+      registerRoutes(router);
       const methods: DescMethod[] = [];
       for (const h of router.handlers) methods.push(h.method);
       observer.register(methods);
@@ -300,22 +354,38 @@ export async function startHost(options: HostOptions): Promise<Host> {
     observer.begin(req, res);
     adapter(req, res);
   };
+  localRoutes = registerRoutes;
+  localTransport.setInterceptors(interceptors);
 
   let admin: HttpServer | undefined;
   let adminAddress = "";
-  if (config.adminListen !== "") {
-    admin = createAdminServer(metrics.registry, health);
-    try {
+  try {
+    if (config.adminListen !== "") {
+      admin = createAdminServer(metrics.registry, health);
       adminAddress = await listen(admin, config.adminListen);
-    } catch (err) {
-      await closeModules();
-      await closeServer(server);
-      throw err;
     }
+    // The routes are live: modules may now register, watch and call each other.
+    for (const b of built) await b.instance.start?.();
+  } catch (err) {
+    drainController.abort();
+    await stopTasks(1000);
+    await closeModules();
+    if (admin?.listening) await closeServer(admin);
+    for (const session of sessions) session.destroy();
+    await closeServer(server);
+    throw err;
   }
+  readiness.markStarted();
 
   logger.info(
-    { address, adminAddress: adminAddress || undefined, tls, services: config.services, version: options.version },
+    {
+      address,
+      adminAddress: adminAddress || undefined,
+      tls,
+      modules: plan.map((p) => (p.served ? p.module.name : `${p.module.name} (dependency, not served)`)),
+      notReady: Object.fromEntries(readiness.pending()),
+      version: options.version,
+    },
     "mmgate serving",
   );
   if (config.auth.token === "") {
@@ -334,11 +404,21 @@ export async function startHost(options: HostOptions): Promise<Host> {
     const listenerClosed = closeServer(server);
     // GOAWAY: clients open no new streams here; open ones may finish.
     for (const session of sessions) session.close();
-    let timer: NodeJS.Timeout | undefined;
-    const graceOver = new Promise<"grace">((r) => (timer = setTimeout(() => r("grace"), graceMs)));
-    const outcome = await Promise.race([listenerClosed.then(() => "drained" as const), graceOver]);
-    clearTimeout(timer);
-    if (outcome === "grace") {
+    // Modules drain alongside the listener (revoke leases, end subscribers
+    // with their status); both get the same grace.
+    const graceController = new AbortController();
+    const moduleDrains = Promise.all(
+      built.map(async ({ module, instance }) => {
+        try {
+          await instance.drain?.(graceController.signal);
+        } catch (err) {
+          logger.error({ err, module: module.name }, "module failed to drain");
+        }
+      }),
+    );
+    const drained = await settleWithin(Promise.all([listenerClosed, moduleDrains]), graceMs);
+    graceController.abort();
+    if (!drained) {
       logger.warn({ openSessions: sessions.size, openSockets: sockets.size }, "grace period over: cancelling the calls still running");
       abortController.abort(new ConnectError("server shut down", Code.Unavailable));
       await new Promise((r) => setTimeout(r, 50));
@@ -346,6 +426,7 @@ export async function startHost(options: HostOptions): Promise<Host> {
       for (const socket of sockets) socket.destroy();
       await listenerClosed;
     }
+    await stopTasks(TASK_STOP_MS);
     await closeModules();
     if (admin) {
       admin.closeAllConnections();

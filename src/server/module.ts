@@ -1,9 +1,10 @@
 import type { DescService } from "@bufbuild/protobuf";
-import type { ServiceImpl } from "@connectrpc/connect";
+import type { ConnectError, ServiceImpl, Transport } from "@connectrpc/connect";
 import type { Logger } from "pino";
 import type { Registry } from "prom-client";
 import type { z } from "zod";
-import type { HealthRegistry } from "./health.js";
+import type { ServingStatus } from "./health.js";
+import type { TaskOptions } from "./supervisor.js";
 
 /**
  * One service implementation bound to its generated descriptor. The host
@@ -22,15 +23,44 @@ export function bindService<S extends DescService>(
   return { service, implementation } as unknown as ServiceBinding;
 }
 
-/** What the host hands a module when it starts it. */
-export interface ModuleContext<C> {
+/**
+ * A module's own view of grpc.health.v1. Its readiness feeds the server's
+ * `""` entry and `/readyz` (SERVING only while every module is ready); its
+ * services follow its readiness unless it sets them itself.
+ */
+export interface ModuleHealth {
+  /** Whether this module can take traffic (a hop whose target is pending cannot). */
+  setReady(ready: boolean, reason?: string): void;
+  readonly ready: boolean;
+  /**
+   * Sets one of this module's own entries: one of its services (which then
+   * stops following readiness) or a sub-entry such as
+   * `mmgate.images.v1.ImageService/openai`.
+   */
+  set(name: string, status: ServingStatus): void;
+  get(name: string): ServingStatus | undefined;
+}
+
+/** Long-running work a module hands to the host (watch loops, retry loops, actors). */
+export interface TaskSupervisor {
+  /**
+   * Runs `task` until it returns; when it throws, logs the error and runs it
+   * again after a bounded, jittered backoff. Its signal fires when the
+   * server drains (after the module's `drain` hook) or the module closes.
+   */
+  run(name: string, task: (signal: AbortSignal) => Promise<void>, options?: TaskOptions): void;
+}
+
+/** What the host hands a module when it builds it. */
+export interface ModuleContext<C, D = Record<never, never>> {
   /** This module's section of the configuration, validated by its schema. */
   readonly config: C;
-  /** Everything validated, for the few modules that read shared settings. */
-  readonly root: Readonly<Record<string, unknown>>;
+  /** What the modules this one `requires` export, keyed as in `requires`. */
+  readonly deps: D;
   readonly logger: Logger;
   readonly metrics: Registry;
-  readonly health: HealthRegistry;
+  readonly health: ModuleHealth;
+  readonly tasks: TaskSupervisor;
   /**
    * Fires when the server begins to drain. Server-streaming handlers end
    * their streams cleanly (status OK) when it fires; unary calls ignore it.
@@ -38,27 +68,77 @@ export interface ModuleContext<C> {
   readonly drainSignal: AbortSignal;
   /** The address clients use to reach this server, e.g. "127.0.0.1:50051". */
   readonly advertisedAddress: string;
+  /**
+   * A transport to the services this process serves, in memory (same
+   * interceptors, limits and auth as the listener, no TCP). Usable once the
+   * module's `start` hook runs; calls made earlier answer UNAVAILABLE.
+   */
+  readonly localTransport: Transport;
 }
 
-/** A started module: its services and how to stop it. */
-export interface ModuleInstance {
+/** A built module: its services, what it exports to others, and its lifecycle hooks. */
+export interface ModuleInstance<E = unknown> {
   readonly services: readonly ServiceBinding[];
-  /** Called once after the listener closed; releases timers, sockets, files. */
+  /** Handed to modules that `require` this one, as `ctx.deps.<key>`. */
+  readonly exports?: E;
+  /** After every module is built and the routes are live: register, open watches. */
+  start?(): Promise<void> | void;
+  /**
+   * Once the server begins to drain, awaited (with the listener's own drain)
+   * up to the grace: revoke leases, end subscribers with their proper status.
+   * `signal` fires when the grace is over.
+   */
+  drain?(signal: AbortSignal): Promise<void> | void;
+  /** Last, after the listener and every task stopped: release timers, sockets, files. */
   close?(): Promise<void> | void;
 }
 
 /**
- * A capability as the host sees it: a name (its key in the config and in
- * the `services` list), a config schema for its section, and a factory.
+ * Turns an error a handler of this module threw into the status a client
+ * sees; `undefined` leaves it to the host, which logs it and answers
+ * INTERNAL. Handlers throw their own typed errors and never build a
+ * ConnectError themselves.
  */
-export interface ServiceModule<S extends z.ZodType = z.ZodType> {
+export type ErrorMapper = (error: unknown) => ConnectError | undefined;
+
+// eslint-disable-next-line @typescript-eslint/no-explicit-any
+type AnyModule = ServiceModule<any, any, any>;
+/** The modules a module needs, by the key it reads them under. */
+export type ModuleRequirements = Readonly<Record<string, AnyModule>>;
+/** `ctx.deps` for a set of requirements: each key holds that module's exports. */
+export type DepsOf<R extends ModuleRequirements> = { readonly [K in keyof R]: R[K] extends ServiceModule<unknown, infer E> ? E : never };
+
+/**
+ * A capability as the host sees it: a name (its key in the config and in the
+ * `modules` list), a config schema for its section, the modules it needs,
+ * and a factory.
+ */
+export interface ServiceModule<C = unknown, E = unknown, R extends ModuleRequirements = ModuleRequirements> {
+  readonly name: string;
+  readonly description: string;
+  readonly configSchema: z.ZodType<C>;
+  /** Modules this one is built after and gets the exports of. */
+  readonly requires?: R;
+  /**
+   * Environment variables read as config keys of this module, beyond the
+   * `MMGATE_<SECTION>__<KEY>` rule: name → path inside the module's section
+   * (`{ DYN_RELAY_LISTEN: "listen" }` sets `relay.listen`). Values parse as
+   * every variable's do: JSON when they parse as JSON, else the string.
+   */
+  readonly env?: Readonly<Record<string, string>>;
+  readonly mapError?: ErrorMapper;
+  create(ctx: ModuleContext<C, DepsOf<R>>): Promise<ModuleInstance<E>> | ModuleInstance<E>;
+}
+
+/** Declares a module with its config, exports and dependencies inferred. */
+export function defineModule<S extends z.ZodType, E = undefined, R extends ModuleRequirements = Record<never, never>>(module: {
   readonly name: string;
   readonly description: string;
   readonly configSchema: S;
-  create(ctx: ModuleContext<z.output<S>>): Promise<ModuleInstance> | ModuleInstance;
-}
-
-/** Declares a module with its config type inferred from its schema. */
-export function defineModule<S extends z.ZodType>(module: ServiceModule<S>): ServiceModule {
-  return module as unknown as ServiceModule;
+  readonly requires?: R;
+  readonly env?: Readonly<Record<string, string>>;
+  readonly mapError?: ErrorMapper;
+  create(ctx: ModuleContext<z.output<S>, DepsOf<R>>): Promise<ModuleInstance<E>> | ModuleInstance<E>;
+}): ServiceModule<z.output<S>, E, R> {
+  return module as ServiceModule<z.output<S>, E, R>;
 }

@@ -20,7 +20,7 @@ import { Code, createClient } from "@connectrpc/connect";
 import { expect } from "chai";
 import { ServerReflection, ServerReflectionRequestSchema } from "../../gen/grpc/reflection/v1/reflection_pb.js";
 import { AdminService } from "../../gen/mmgate/admin/v1/admin_pb.js";
-import { catalog } from "../../src/catalog.js";
+import { builtinModules } from "../../src/modules.js";
 import type { InProcessServer } from "../support/server.js";
 import { grpcUnary, startServer } from "../support/server.js";
 
@@ -637,7 +637,7 @@ describe("contract: garbage input", function () {
   const histogram = new Map<string, Map<string, number>>();
 
   before(async () => {
-    server = await startServer({ modules: catalog, config: { images: { reference: { latencyMs: 0, defaultSize: "64x64" } } } });
+    server = await startServer({ modules: builtinModules, config: { images: { reference: { latencyMs: 0, defaultSize: "64x64" } } } });
     services = await servedServices(server);
     rssBefore = process.memoryUsage().rss;
   });

@@ -4,7 +4,7 @@ import { createImageRequest } from "../../src/images/contract/types.js";
 import { buildImageRuntime } from "../../src/images/build.js";
 import { providerHealthName } from "../../src/images/index.js";
 import { publishProviderHealth } from "../../src/images/provider-health.js";
-import { HealthRegistry, ServingStatus } from "../../src/server/index.js";
+import { HealthRegistry, Readiness, ServingStatus } from "../../src/server/index.js";
 import { FakeProvider } from "./fake-provider.js";
 
 describe("images: provider health", () => {
@@ -14,7 +14,7 @@ describe("images: provider health", () => {
       imagesConfigSchema.parse({ circuitBreaker: { failureThreshold: 1, openDurationMs: 100 } }),
       { extraProviders: [failing] },
     );
-    const health = new HealthRegistry();
+    const health = new Readiness(new HealthRegistry()).forModule("images");
     const published = publishProviderHealth(runtime, health, "svc");
     try {
       const name = providerHealthName("svc", "fanout-test");

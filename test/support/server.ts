@@ -143,7 +143,7 @@ export async function startServer(options: StartOptions = {}): Promise<InProcess
   const raw = {
     listen: "127.0.0.1:0",
     adminListen: "127.0.0.1:0",
-    services: modules.map((m) => m.name),
+    modules: modules.map((m) => m.name),
     ...options.config,
   };
   const config = resolveConfig(raw, modules);

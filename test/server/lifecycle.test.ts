@@ -1,0 +1,404 @@
+import { expect } from "chai";
+import { get } from "node:http";
+import { Code, ConnectError, createClient, type Transport } from "@connectrpc/connect";
+import { pino } from "pino";
+import { z } from "zod";
+import { Health, HealthCheckResponse_ServingStatus as S } from "../../gen/grpc/health/v1/health_pb.js";
+import { AdminService } from "../../gen/mmgate/admin/v1/admin_pb.js";
+import {
+  bindService,
+  ConfigError,
+  defineModule,
+  loadConfig,
+  resolveConfig,
+  startHost,
+  type ModuleContext,
+  type ModuleHealth,
+  type ServiceModule,
+} from "../../src/server/index.js";
+import { startServer, type InProcessServer } from "../support/server.js";
+import { ShapesService } from "../support/shapes-service.js";
+
+function readyz(adminAddr: string): Promise<number> {
+  return new Promise((resolve, reject) => {
+    get(`http://${adminAddr}/readyz`, (res) => {
+      res.resume();
+      resolve(res.statusCode ?? 0);
+    }).on("error", reject);
+  });
+}
+
+/** Resolves when `check` holds, polling; for conditions, never for timing. */
+async function until(check: () => boolean | Promise<boolean>, what: string): Promise<void> {
+  const deadline = Date.now() + 5000;
+  while (!(await check())) {
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 10));
+  }
+}
+
+const SHAPES = ShapesService.typeName;
+
+interface StringValue {
+  value: string;
+}
+interface ShapesClient {
+  unary(req: StringValue): Promise<StringValue>;
+  serverStream(req: StringValue): AsyncIterable<StringValue>;
+  clientStream(reqs: AsyncIterable<StringValue>): Promise<StringValue>;
+  bidi(reqs: AsyncIterable<StringValue>): AsyncIterable<StringValue>;
+}
+function shapesClient(transport: Transport): ShapesClient {
+  return createClient(ShapesService, transport) as unknown as ShapesClient;
+}
+
+class TestModuleError extends Error {}
+
+/** Throws what the request names: a typed error its module maps, or a plain one nobody maps. */
+function failure(kind: string): Error {
+  return kind === "typed" ? new TestModuleError("typed failure") : new Error("plain failure with internals");
+}
+
+async function* one(value: string): AsyncIterable<StringValue> {
+  yield { value };
+}
+
+const shapesModule = defineModule({
+  name: "shapes",
+  description: "one method of each RPC shape, failing as asked",
+  configSchema: z.object({}),
+  mapError: (error) => (error instanceof TestModuleError ? new ConnectError(error.message, Code.FailedPrecondition) : undefined),
+  create: () => ({
+    services: [
+      bindService(ShapesService, {
+        unary: (req: StringValue) => {
+          throw failure(req.value);
+        },
+        // eslint-disable-next-line require-yield
+        async *serverStream(req: StringValue) {
+          throw failure(req.value);
+        },
+        async clientStream(reqs: AsyncIterable<StringValue>) {
+          for await (const req of reqs) throw failure(req.value);
+          return { value: "" };
+        },
+        async *bidi(reqs: AsyncIterable<StringValue>) {
+          for await (const req of reqs) {
+            yield { value: "before" };
+            throw failure(req.value);
+          }
+        },
+      } as never),
+    ],
+  }),
+});
+
+async function statusOf(call: () => Promise<unknown>): Promise<ConnectError> {
+  try {
+    await call();
+  } catch (err) {
+    return ConnectError.from(err);
+  }
+  throw new Error("the call succeeded");
+}
+
+async function drainStream(stream: AsyncIterable<unknown>): Promise<void> {
+  for await (const _ of stream) void _;
+}
+
+describe("host: module lifecycle v2", () => {
+  describe("errors become statuses in one place", () => {
+    let server: InProcessServer;
+    const lines: string[] = [];
+    before(async () => {
+      server = await startServer({ modules: [shapesModule], logLines: lines });
+    });
+    after(() => server.close());
+
+    const calls: [string, (c: ShapesClient, kind: string) => Promise<unknown>][] = [
+      ["unary", (c, kind) => c.unary({ value: kind })],
+      ["server stream", (c, kind) => drainStream(c.serverStream({ value: kind }))],
+      ["client stream", (c, kind) => c.clientStream(one(kind))],
+      ["bidi stream", (c, kind) => drainStream(c.bidi(one(kind)))],
+    ];
+    for (const [shape, call] of calls) {
+      it(`${shape}: the module's mapper decides the status of its typed errors`, async () => {
+        const err = await statusOf(() => call(shapesClient(server.transport), "typed"));
+        expect(err.code).to.equal(Code.FailedPrecondition);
+        expect(err.rawMessage).to.equal("typed failure");
+      });
+      it(`${shape}: an error no mapper claims is INTERNAL (never UNKNOWN), logged, and names the request id`, async () => {
+        const err = await statusOf(() => call(shapesClient(server.transport), "plain"));
+        expect(err.code).to.equal(Code.Internal);
+        expect(err.rawMessage).to.match(/^internal error \(request id [0-9a-f-]{36}\)$/);
+        expect(err.rawMessage).not.to.contain("internals");
+        const id = /request id ([0-9a-f-]+)/.exec(err.rawMessage)![1]!;
+        const logged = lines.map((l) => JSON.parse(l) as Record<string, unknown>).find((l) => l.msg === "unmapped error: answering INTERNAL" && l.requestId === id);
+        expect(logged, "log line for the unmapped error").to.not.equal(undefined);
+        expect((logged!.err as { message: string }).message).to.equal("plain failure with internals");
+      });
+    }
+
+    it("counts the mapped code in the metrics", async () => {
+      await statusOf(() => shapesClient(server.transport).unary({ value: "typed" }));
+      const text = await server.host.metrics.registry.metrics();
+      expect(text).to.match(/grpc_server_handled_total\{[^}]*grpc_method="Unary"[^}]*grpc_code="FAILED_PRECONDITION"[^}]*\} [1-9]/);
+    });
+  });
+
+  describe("readiness", () => {
+    let health: ModuleHealth | undefined;
+    let ownEntrySet = false;
+    const gated = defineModule({
+      name: "gated",
+      description: "not ready until told",
+      configSchema: z.object({ setOwnEntry: z.boolean().default(false) }),
+      create: (ctx) => {
+        health = ctx.health;
+        ctx.health.setReady(false, "target pending");
+        if (ctx.config.setOwnEntry) {
+          ownEntrySet = true;
+          ctx.health.set(SHAPES, S.SERVING);
+        }
+        return { services: [bindService(ShapesService, {})] };
+      },
+    });
+
+    it("derives the server entry and /readyz from the modules' readiness; services follow their module", async () => {
+      const server = await startServer({ modules: [gated] });
+      try {
+        const client = createClient(Health, server.transport);
+        expect((await client.check({ service: "" })).status).to.equal(S.NOT_SERVING);
+        expect((await client.check({ service: SHAPES })).status).to.equal(S.NOT_SERVING);
+        expect((await client.check({ service: Health.typeName })).status).to.equal(S.SERVING);
+        expect(await readyz(server.adminAddr)).to.equal(503);
+
+        health!.setReady(true);
+        expect((await client.check({ service: "" })).status).to.equal(S.SERVING);
+        expect((await client.check({ service: SHAPES })).status).to.equal(S.SERVING);
+        expect(await readyz(server.adminAddr)).to.equal(200);
+
+        health!.setReady(false, "lost the target");
+        expect((await client.check({ service: "" })).status).to.equal(S.NOT_SERVING);
+        expect(await readyz(server.adminAddr)).to.equal(503);
+      } finally {
+        await server.close();
+      }
+    });
+
+    it("leaves an entry the module set itself alone", async () => {
+      const server = await startServer({ modules: [gated], config: { gated: { setOwnEntry: true } } });
+      try {
+        expect(ownEntrySet).to.equal(true);
+        const client = createClient(Health, server.transport);
+        expect((await client.check({ service: SHAPES })).status).to.equal(S.SERVING);
+        expect((await client.check({ service: "" })).status).to.equal(S.NOT_SERVING);
+      } finally {
+        await server.close();
+      }
+    });
+
+    it("an operator's override and a module's readiness both have to say SERVING", async () => {
+      const server = await startServer({ modules: [gated] });
+      try {
+        const client = createClient(Health, server.transport);
+        const admin = createClient(AdminService, server.transport);
+        await admin.setServingStatus({ service: "", serving: false });
+        health!.setReady(true);
+        expect((await client.check({ service: "" })).status).to.equal(S.NOT_SERVING);
+        await admin.setServingStatus({ service: "", serving: true });
+        expect((await client.check({ service: "" })).status).to.equal(S.SERVING);
+      } finally {
+        await server.close();
+      }
+    });
+  });
+
+  describe("hooks, tasks and typed dependencies", () => {
+    it("runs create, start (routes live), drain (awaited), task stop, close in that order", async () => {
+      const events: string[] = [];
+      let transport: Transport | undefined;
+      const staged = defineModule({
+        name: "staged",
+        description: "records its lifecycle",
+        configSchema: z.object({}),
+        create: (ctx) => {
+          events.push("create");
+          transport = ctx.localTransport;
+          ctx.tasks.run("watch", async (signal) => {
+            events.push("task running");
+            await new Promise<void>((resolve) => signal.addEventListener("abort", () => resolve(), { once: true }));
+            events.push("task stopped");
+          });
+          return {
+            services: [],
+            async start() {
+              // The routes are live: the module can call the process's own services in memory.
+              const res = await createClient(Health, transport!).check({ service: Health.typeName });
+              events.push(`start (health ${S[res.status]})`);
+            },
+            async drain(signal) {
+              expect(signal.aborted).to.equal(false);
+              await new Promise((r) => setTimeout(r, 20));
+              events.push("drain done");
+            },
+            close: () => void events.push("close"),
+          };
+        },
+      });
+      const server = await startServer({ modules: [staged] });
+      await server.close();
+      expect(events).to.deep.equal(["create", "task running", "start (health SERVING)", "drain done", "task stopped", "close"]);
+    });
+
+    it("restarts a task that throws, counts the restarts, and stops it on drain", async () => {
+      let runs = 0;
+      let stoppedCleanly = false;
+      const flaky = defineModule({
+        name: "flaky",
+        description: "a task that fails twice",
+        configSchema: z.object({}),
+        create: (ctx) => {
+          ctx.tasks.run(
+            "retry-loop",
+            async (signal) => {
+              runs++;
+              if (runs <= 2) throw new Error(`failure ${runs}`);
+              await new Promise<void>((resolve) => signal.addEventListener("abort", () => resolve(), { once: true }));
+              stoppedCleanly = true;
+            },
+            { minBackoffMs: 1, maxBackoffMs: 5 },
+          );
+          return { services: [] };
+        },
+      });
+      const lines: string[] = [];
+      const server = await startServer({ modules: [flaky], logLines: lines });
+      try {
+        await until(() => runs === 3, "the third run");
+        const text = await server.host.metrics.registry.metrics();
+        expect(text).to.contain('mmgate_task_restarts_total{module="flaky",task="retry-loop"} 2');
+        const failures = lines.map((l) => JSON.parse(l) as { msg: string; task?: string }).filter((l) => l.msg === "task failed; restarting");
+        expect(failures.map((l) => l.task)).to.deep.equal(["retry-loop", "retry-loop"]);
+      } finally {
+        await server.close();
+      }
+      expect(stoppedCleanly).to.equal(true);
+    });
+
+    const base = defineModule({
+      name: "base",
+      description: "exports a value and serves Shapes",
+      configSchema: z.object({ greeting: z.string().default("hello") }),
+      create: (ctx) => ({ services: [bindService(ShapesService, {})], exports: { greet: (name: string) => `${ctx.config.greeting} ${name}` } }),
+    });
+    let seen = "";
+    const dependent = defineModule({
+      name: "dependent",
+      description: "uses base's exports",
+      configSchema: z.object({}),
+      requires: { base },
+      create: (ctx) => {
+        seen = ctx.deps.base.greet("encode worker");
+        return { services: [] };
+      },
+    });
+
+    it("builds a required module first and hands its exports over, typed", async () => {
+      // Listed in the reverse order: the host orders by requirement.
+      const server = await startServer({ modules: [dependent, base], config: { base: { greeting: "hi" } } });
+      try {
+        expect(seen).to.equal("hi encode worker");
+        const status = await createClient(Health, server.transport).check({ service: SHAPES });
+        expect(status.status).to.equal(S.SERVING);
+      } finally {
+        await server.close();
+      }
+    });
+
+    it("builds an unlisted requirement for its exports without serving its services", async () => {
+      seen = "";
+      const server = await startServer({ modules: [dependent, base], config: { modules: ["dependent"] } });
+      try {
+        expect(seen).to.equal("hello encode worker");
+        const err = await statusOf(() => createClient(Health, server.transport).check({ service: SHAPES }));
+        expect(err.code).to.equal(Code.NotFound);
+      } finally {
+        await server.close();
+      }
+    });
+
+    it("refuses a cycle of requirements with a config error", async () => {
+      const a: { requires?: Record<string, ServiceModule> } & ServiceModule = {
+        name: "a",
+        description: "",
+        configSchema: z.object({}),
+        create: () => ({ services: [] }),
+      };
+      const b: ServiceModule = { name: "b", description: "", configSchema: z.object({}), requires: { a }, create: () => ({ services: [] }) };
+      (a as { requires?: Record<string, ServiceModule> }).requires = { b };
+      const config = resolveConfig({ listen: "127.0.0.1:0", adminListen: "" }, [a, b]);
+      const error = await startHost({ config, modules: [a, b], logger: pino({ level: "silent" }), version: "test" }).catch((e: unknown) => e);
+      expect(error).to.be.instanceOf(ConfigError);
+      expect((error as Error).message).to.equal("modules require each other in a cycle: a → b → a");
+    });
+
+    it("stops the tasks of modules that started when a later module fails", async () => {
+      let taskStopped = false;
+      const first = defineModule({
+        name: "first",
+        description: "",
+        configSchema: z.object({}),
+        create: (ctx) => {
+          ctx.tasks.run("loop", (signal) => new Promise<void>((r) => signal.addEventListener("abort", () => ((taskStopped = true), r()), { once: true })));
+          return { services: [] };
+        },
+      });
+      const second = defineModule({
+        name: "second",
+        description: "",
+        configSchema: z.object({}),
+        create: () => ({
+          services: [],
+          start: () => {
+            throw new Error("cannot register");
+          },
+        }),
+      });
+      const config = resolveConfig({ listen: "127.0.0.1:0", adminListen: "" }, [first, second]);
+      const error = await startHost({ config, modules: [first, second], logger: pino({ level: "silent" }), version: "test" }).catch((e: unknown) => e);
+      expect((error as Error).message).to.equal("cannot register");
+      expect(taskStopped).to.equal(true);
+    });
+  });
+
+  describe("config", () => {
+    const relayLike = defineModule({
+      name: "relay",
+      description: "reads the reference's variable names",
+      configSchema: z.strictObject({ listen: z.string().default(""), maxStreams: z.number().int().positive().default(10) }),
+      env: { DYN_RELAY_LISTEN: "listen", DYN_RELAY_MAX_STREAMS: "maxStreams" },
+      create: () => ({ services: [] }),
+    });
+
+    it("honours a module's own environment names, and MMGATE_* over them", () => {
+      const config = loadConfig({ env: { DYN_RELAY_LISTEN: "0.0.0.0:7000", DYN_RELAY_MAX_STREAMS: "25" } }, [relayLike]);
+      expect(config.sections.relay).to.deep.equal({ listen: "0.0.0.0:7000", maxStreams: 25 });
+      const both = loadConfig({ env: { DYN_RELAY_MAX_STREAMS: "25", MMGATE_RELAY__MAX_STREAMS: "30" } }, [relayLike]);
+      expect((both.sections.relay as { maxStreams: number }).maxStreams).to.equal(30);
+    });
+
+    it("names a module's variable in its errors", () => {
+      expect(() => loadConfig({ env: { DYN_RELAY_MAX_STREAMS: "-1" } }, [relayLike])).to.throw(ConfigError, /relay\.maxStreams: .* \(from DYN_RELAY_MAX_STREAMS\)/);
+    });
+
+    it("takes the old `services` key with a warning", () => {
+      const warnings: string[] = [];
+      const config = loadConfig({ env: { MMGATE_SERVICES: "relay" }, onWarning: (w) => warnings.push(w) }, [relayLike, shapesModule]);
+      expect(config.modules).to.deep.equal(["relay"]);
+      expect(warnings).to.deep.equal(['"services" is the old name of "modules" (MMGATE_SERVICES); it still works']);
+      const listed = loadConfig({ env: { MMGATE_MODULES: "shapes" } }, [relayLike, shapesModule]);
+      expect(listed.modules).to.deep.equal(["shapes"]);
+    });
+  });
+});
