@@ -87,9 +87,11 @@ export class MediaError extends Error {
   }
 }
 
-/** Maps any error to a ConnectError; MediaError keeps its code and detail. */
-export function toConnectError(error: unknown): ConnectError {
-  if (error instanceof ConnectError) return error;
+/**
+ * The media module's error mapper: a MediaError keeps its status and its
+ * typed detail; anything else is left to the host (logged, INTERNAL).
+ */
+export function mediaErrorToConnect(error: unknown): ConnectError | undefined {
   if (error instanceof MediaError) {
     const detail = create(ErrorDetailSchema, {
       code: error.code,
@@ -98,5 +100,5 @@ export function toConnectError(error: unknown): ConnectError {
     });
     return new ConnectError(error.message, error.status, undefined, [{ desc: ErrorDetailSchema, value: detail }]);
   }
-  return ConnectError.from(error, Code.Internal);
+  return undefined;
 }

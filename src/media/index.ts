@@ -1,42 +1,49 @@
-import { defineModule, bindService } from "../server/module.js";
 import { MediaService } from "../../gen/mmgate/media/v1/media_pb.js";
+import { defineModule, bindService } from "../server/index.js";
 import { mediaConfigSchema } from "./config.js";
-import { configureSharp } from "./image-decoder.js";
 import { agentMetadataBytes, encodeNixlMetadata, newTransferAgent } from "./descriptor.js";
+import { mediaErrorToConnect } from "./errors.js";
+import { configureSharp } from "./image-decoder.js";
 import { MediaMetrics } from "./metrics.js";
+import { createMediaPipeline, type MediaPipeline } from "./pipeline.js";
 import { createMediaService } from "./service.js";
 import { TensorStore } from "./tensor-store.js";
 
-/** The `media` module: MediaService over a bounded tensor store. */
+/**
+ * The `media` module: MediaService over a bounded tensor store. Other
+ * modules that `require` it get its pipeline (fetch, decode, store).
+ */
 export const mediaModule = defineModule({
   name: "media",
   description: "Decoded media: image tensors, the canonical XXH3 content hash, transfer descriptors",
   configSchema: mediaConfigSchema,
+  mapError: mediaErrorToConnect,
   create(ctx) {
     const config = ctx.config;
     configureSharp(config.decoder.threadsPerDecode);
-    const store = new TensorStore({
+    const tensors = new TensorStore({
       maxBytes: config.store.maxBytes,
       ttlMs: config.store.ttlMs,
       // Called only after construction, once `metrics` exists.
       onEvict: (_tensor, reason) => metrics.evictions.inc({ reason }),
     });
-    const metrics = new MediaMetrics(ctx.metrics, store);
+    const metrics = new MediaMetrics(ctx.metrics, tensors);
     const agent = newTransferAgent(ctx.advertisedAddress);
-    const nixlMetadata = encodeNixlMetadata(agentMetadataBytes(agent));
+    const pipeline: MediaPipeline = createMediaPipeline({ config, tensors, nixlMetadata: encodeNixlMetadata(agentMetadataBytes(agent)) });
     ctx.logger.info({ agent: agent.name, storeBytes: config.store.maxBytes }, "media tensor store ready");
-    const service = createMediaService({ config, store, nixlMetadata, logger: ctx.logger });
     return {
-      services: [bindService(MediaService, service)],
+      services: [bindService(MediaService, createMediaService({ config, pipeline, logger: ctx.logger }))],
+      exports: pipeline,
       close() {
-        store.clear();
+        tensors.clear();
       },
     };
   },
 });
 
 export { mediaConfigSchema, type MediaConfig } from "./config.js";
-export { MediaError, toConnectError, type MediaErrorCode } from "./errors.js";
+export { MediaError, mediaErrorToConnect, type MediaErrorCode } from "./errors.js";
+export { createMediaPipeline, type DecodeOptions, type MediaPipeline, type MediaSource, type StoredMedia } from "./pipeline.js";
 export type {
   ColorType,
   DataType,

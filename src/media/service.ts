@@ -16,26 +16,18 @@ import {
   type ReleaseTensorRequest,
   type ReleaseTensorResponse,
 } from "../../gen/mmgate/media/v1/media_pb.js";
-import { decoderLimits, fetchPolicy, type MediaConfig } from "./config.js";
-import { buildDescriptor, descriptorToJson } from "./descriptor.js";
-import { MediaError, toConnectError } from "./errors.js";
-import { fetchMedia, type Resolver } from "./fetcher.js";
+import type { MediaConfig } from "./config.js";
+import { MediaError } from "./errors.js";
 import { canonicalContentHash, formatContentHashKey, videoContentHash } from "./hash.js";
-import { decodeImage } from "./image-decoder.js";
-import { Semaphore } from "../util/index.js";
+import type { MediaPipeline, MediaSource } from "./pipeline.js";
 import type { MediaTensorInfo } from "./tensor.js";
-import type { TensorStore } from "./tensor-store.js";
 import { validateVideoMetadata, videoDimensionsFromParts } from "./video.js";
 import { dtypeFromProto, shapeFromProto, tensorInfoToProto, videoMetadataFromProto } from "./wire.js";
 
 export interface MediaServiceDeps {
   readonly config: MediaConfig;
-  readonly store: TensorStore;
-  /** "b64:…" metadata of this process's transfer agent. */
-  readonly nixlMetadata: string;
+  readonly pipeline: MediaPipeline;
   readonly logger?: Logger;
-  /** Name resolution for URL fetches (tests substitute one). */
-  readonly resolver?: Resolver;
 }
 
 /** Overflow-checked element count of a shape. */
@@ -48,54 +40,15 @@ function hashResponse(hash: bigint | null): HashTensorResponse {
 }
 
 export function createMediaService(deps: MediaServiceDeps): ServiceImpl<typeof MediaService> {
-  const { config, store } = deps;
-  const limits = decoderLimits(config);
-  const policy = fetchPolicy(config);
-  const decodeSlots = new Semaphore(config.decoder.maxConcurrentDecodes);
-  const fetchSlots = new Semaphore(config.fetch.maxConcurrentFetches);
-
-  /** Runs `work` holding one of `slots`; a cancelled wait rethrows the caller's abort reason. */
-  async function withSlot<T>(slots: Semaphore, signal: AbortSignal, work: () => Promise<T>): Promise<T> {
-    let permit;
-    try {
-      permit = await slots.acquire(signal);
-    } catch (error) {
-      signal.throwIfAborted();
-      throw error;
-    }
-    try {
-      return await work();
-    } finally {
-      permit.release();
-    }
-  }
-
-  async function encodedBytes(req: DecodeRequest, signal: AbortSignal): Promise<Uint8Array> {
-    switch (req.source.case) {
-      case "url": {
-        const url = req.source.value;
-        return withSlot(fetchSlots, signal, () =>
-          fetchMedia(url, policy, { signal, ...(deps.resolver ? { resolver: deps.resolver } : {}) }),
-        );
-      }
-      case "data":
-        if (req.source.value.length === 0) throw new MediaError("IMAGE_DECODE_FAILED", "image data is empty");
-        return req.source.value;
-      default:
-        throw new MediaError("URL_INVALID", "a source (url or data) is required");
-    }
-  }
+  const { config, pipeline } = deps;
+  const store = pipeline.tensors;
 
   async function decode(req: DecodeRequest, ctx: HandlerContext): Promise<DecodeResponse> {
     const options = req.options;
-    const bytes = await encodedBytes(req, ctx.signal);
-    const decoded = await withSlot(decodeSlots, ctx.signal, () =>
-      decodeImage(bytes, limits, {
-        forceRgb: options?.forceRgb ?? false,
-        applyExifOrientation: options?.applyExifOrientation ?? false,
-        signal: ctx.signal,
-      }),
-    );
+    const source: MediaSource | undefined =
+      req.source.case === "url" ? { url: req.source.value } : req.source.case === "data" ? { data: req.source.value } : undefined;
+    if (source === undefined) throw new MediaError("URL_INVALID", "a source (url or data) is required");
+    const decoded = await pipeline.decode(source, { forceRgb: options?.forceRgb ?? false, applyExifOrientation: options?.applyExifOrientation ?? false }, ctx.signal);
     const size = decoded.data.length;
     if (options?.returnPixels && size > config.maxInlinePixelBytes) {
       throw new MediaError(
@@ -106,18 +59,13 @@ export function createMediaService(deps: MediaServiceDeps): ServiceImpl<typeof M
       );
     }
     ctx.signal.throwIfAborted();
-    let handle = 0n;
-    let descriptorJson = "";
-    if (!options?.skipStore) {
-      handle = store.put(decoded.data, decoded.tensorInfo, decoded.contentHash);
-      descriptorJson = descriptorToJson(buildDescriptor(deps.nixlMetadata, handle, size, decoded.tensorInfo, decoded.contentHash));
-    }
+    const stored = options?.skipStore ? { handle: 0n, descriptorJson: "" } : pipeline.store(decoded);
     const hash = decoded.contentHash;
     return create(DecodeResponseSchema, {
       tensorInfo: tensorInfoToProto(decoded.tensorInfo),
       ...(hash === null ? {} : { contentHash: hash, contentHashKey: formatContentHashKey(hash) }),
-      descriptorJson,
-      handle,
+      descriptorJson: stored.descriptorJson,
+      handle: stored.handle,
       sizeBytes: BigInt(size),
       pixels: options?.returnPixels ? decoded.data : new Uint8Array(0),
     });
@@ -175,30 +123,6 @@ export function createMediaService(deps: MediaServiceDeps): ServiceImpl<typeof M
     return create(ReleaseTensorResponseSchema, { released: store.release(req.handle) });
   }
 
-  return {
-    async decode(req, ctx) {
-      try {
-        return await decode(req, ctx);
-      } catch (error) {
-        throw toConnectError(error);
-      }
-    },
-    hashTensor(req) {
-      try {
-        return hashTensor(req);
-      } catch (error) {
-        throw toConnectError(error);
-      }
-    },
-    async *readTensor(req, ctx) {
-      try {
-        yield* readTensor(req, ctx);
-      } catch (error) {
-        throw toConnectError(error);
-      }
-    },
-    releaseTensor(req) {
-      return releaseTensor(req);
-    },
-  };
+  // Errors thrown here reach the client through the module's error mapper.
+  return { decode, hashTensor, readTensor, releaseTensor };
 }

@@ -3,6 +3,7 @@ import { create } from "@bufbuild/protobuf";
 import type { HandlerContext } from "@connectrpc/connect";
 import { ReadTensorRequestSchema } from "../../gen/mmgate/media/v1/media_pb.js";
 import { mediaConfigSchema } from "../../src/media/config.js";
+import { createMediaPipeline } from "../../src/media/pipeline.js";
 import { createMediaService } from "../../src/media/service.js";
 import { TensorStore } from "../../src/media/tensor-store.js";
 
@@ -13,10 +14,14 @@ function fakeContext(signal: AbortSignal): HandlerContext {
 describe("ReadTensor stream ending", () => {
   const config = mediaConfigSchema.parse({ readChunkBytes: 4096 });
   const store = new TensorStore({ maxBytes: 1 << 20, ttlMs: 60_000 });
-  const handle = store.put(new Uint8Array(10 * 4096), { shape: [10 * 4096], dtype: "UINT8", metadata: null }, null);
+  // Stored when the tests run, not when the file loads: the TTL counts from here.
+  let handle = 0n;
+  before(() => {
+    handle = store.put(new Uint8Array(10 * 4096), { shape: [10 * 4096], dtype: "UINT8", metadata: null }, null);
+  });
 
   async function collect(client: AbortController, stopAfter: number) {
-    const service = createMediaService({ config, store, nixlMetadata: "b64:" });
+    const service = createMediaService({ config, pipeline: createMediaPipeline({ config, tensors: store, nixlMetadata: "b64:" }) });
     const chunks: number[] = [];
     for await (const msg of service.readTensor(create(ReadTensorRequestSchema, { handle }), fakeContext(client.signal))) {
       chunks.push(msg.data?.length ?? 0);
