@@ -15,6 +15,29 @@ export default tseslint.config(
       "no-constant-condition": ["error", { checkLoops: false }],
     },
   },
+  // A folder of src/ is a capability or a shared layer whose index.ts is its
+  // public face: other folders import that, never a file behind it (gen/ is
+  // generated code, imported directly). Only the executable imports src/cli.
+  ...[1, 2, 3].map((depth) => {
+    const up = "\\.\\./".repeat(depth);
+    return {
+      files: [`src/${"*/".repeat(depth)}*.ts`],
+      rules: {
+        "no-restricted-imports": [
+          "error",
+          {
+            patterns: [
+              {
+                regex: `^${up}(?!\\.\\.|gen/)[^/]+/(?!index\\.js$).+`,
+                message: "Import another folder through its index.ts, its public face.",
+              },
+              { regex: `^${up}cli/`, message: "Capabilities do not import the executable's CLI; shared CLI helpers live in src/rpc." },
+            ],
+          },
+        ],
+      },
+    };
+  }),
   {
     files: ["**/*.cjs"],
     languageOptions: { sourceType: "commonjs", globals: { require: "readonly", module: "writable", process: "readonly" } },

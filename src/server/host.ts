@@ -248,7 +248,7 @@ export async function startHost(options: HostOptions): Promise<Host> {
     logger.info({ module, ready, reason }, ready ? "module ready" : "module not ready"),
   );
   // Bound once the routes exist; a call before that answers UNAVAILABLE.
-  let localRoutes: ((router: ConnectRouter) => void) | undefined;
+  let localRoutes: ((router: ConnectRouter) => void) | undefined = undefined;
   const localTransport = lazyRouterTransport(() => localRoutes, {
     readMaxBytes: config.limits.maxReceiveMessageBytes,
     writeMaxBytes: config.limits.maxSendMessageBytes,
