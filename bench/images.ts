@@ -1,9 +1,23 @@
 /**
  * Fan-out benchmark: n = 8 images from a provider that makes one image per
- * call with 50 ms latency. Measures the OutputFanoutProvider at provider-wide
- * parallelism 8 and 2 against one call, the same batch through the gRPC
- * ImageService, and the peer: the `ai` package's generateImage driving an
- * in-process image model with the same latency and one image per call.
+ * call, through the OutputFanoutProvider, against the `ai` package's
+ * generateImage driving a model with the same behaviour (one image per call,
+ * n = 8), measured in the same interleaved rounds.
+ *
+ * - Next tick: the inner call answers on the next turn of the event loop
+ *   (setImmediate), so what is measured is the layers' own cost per batch.
+ *   Also shown: the same 8 inner provider calls made directly (Promise.all),
+ *   the floor under the fan-out layer. The ai model's calls are lighter than
+ *   the provider's (they return bare images, not full ImageResponses), so
+ *   the floor is not one under generateImage.
+ * - 50 ms per call: fan-out at parallelism 8 and 2 against one call, and the
+ *   peer; then the same batch through the gRPC ImageService (n = 8 against
+ *   n = 1).
+ *
+ * Rounds alternate the order of the contenders (A B C, then C B A, ...);
+ * ratios are taken within a round and reported as median (min–max).
+ * Env: BENCH_ROUNDS (9; next-tick rounds are four times that), BENCH_BATCHES
+ * (batches per next-tick sample, 200).
  * Run: node --import tsx bench/images.ts
  */
 import { performance } from "node:perf_hooks";
@@ -29,23 +43,39 @@ import { defineModule, resolveConfig, startHost } from "../src/server/index.js";
 
 const LATENCY_MS = 50;
 const N = 8;
-const REPS = Number(process.env.BENCH_REPS ?? 9);
+const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 9);
+const TICK_ROUNDS = 4 * ROUNDS;
+const BATCHES = Number(process.env.BENCH_BATCHES ?? 200);
 const PIXEL = new Uint8Array([137, 80, 78, 71]);
 
 function median(values: number[]): number {
   const s = [...values].sort((a, b) => a - b);
-  return s[Math.floor(s.length / 2)]!;
+  const mid = s.length >> 1;
+  return s.length % 2 === 1 ? s[mid]! : (s[mid - 1]! + s[mid]!) / 2;
 }
+const spread = (xs: number[], digits: number) => `${Math.min(...xs).toFixed(digits)}–${Math.max(...xs).toFixed(digits)}`;
+/** "median (min–max)" */
+const summary = (xs: number[], digits: number) => `${median(xs).toFixed(digits)} (${spread(xs, digits)})`;
+/** Per-round ratios a[i] / b[i]. */
+const ratios = (a: number[], b: number[]) => a.map((t, i) => t / b[i]!);
 
-async function timeAsync(fn: () => Promise<unknown>, reps = REPS, warmup = 2): Promise<number> {
-  for (let i = 0; i < warmup; i++) await fn();
-  const times: number[] = [];
-  for (let i = 0; i < reps; i++) {
-    const t0 = performance.now();
-    await fn();
-    times.push(performance.now() - t0);
+/**
+ * Times each contender once per round, in alternating order (forward on even
+ * rounds, reversed on odd ones), after `warmup` untimed rounds. Returns the
+ * milliseconds per round, per contender.
+ */
+async function interleave(contenders: (() => Promise<unknown>)[], rounds: number, warmup = 2): Promise<number[][]> {
+  const times = contenders.map(() => [] as number[]);
+  for (let round = -warmup; round < rounds; round++) {
+    const order = contenders.map((_, i) => i);
+    if (round % 2 !== 0) order.reverse();
+    for (const i of order) {
+      const t0 = performance.now();
+      await contenders[i]!();
+      if (round >= 0) times[i]!.push(performance.now() - t0);
+    }
   }
-  return median(times);
+  return times;
 }
 
 const sleep = (ms: number, signal?: AbortSignal) =>
@@ -56,10 +86,18 @@ const sleep = (ms: number, signal?: AbortSignal) =>
       reject(new Error("aborted"));
     });
   });
+const nextTick = () => new Promise<void>((resolve) => setImmediate(resolve));
 
-/** One image per call, LATENCY_MS per call, no rendering. */
-class LatencyProvider implements ImageProvider {
-  constructor(readonly name = "bench") {}
+/** How long an inner call takes: 50 ms, or until the next turn of the event loop. */
+type Wait = (signal?: AbortSignal) => Promise<void>;
+const latency: Wait = (signal) => sleep(LATENCY_MS, signal);
+
+/** One image per call, after `wait`; no rendering. */
+class BenchProvider implements ImageProvider {
+  constructor(
+    private readonly wait: Wait,
+    readonly name = "bench",
+  ) {}
   descriptor() {
     return { name: this.name, displayName: "bench", version: "1", experimental: false, models: ["bench-1"] };
   }
@@ -75,7 +113,7 @@ class LatencyProvider implements ImageProvider {
     };
   }
   async execute(request: ImageRequest, context: ProviderContext): Promise<ImageResponse> {
-    await sleep(LATENCY_MS, context.signal);
+    await this.wait(context.signal);
     return {
       id: context.requestId, created: 0, provider: this.name, model: "bench-1",
       requested: { ...request.parameters }, effective: { ...request.parameters }, normalizations: [],
@@ -98,25 +136,29 @@ function context(): ProviderContext {
   return { requestId: "bench", deadline: Date.now() + 60_000, signal: new AbortController().signal };
 }
 
-async function fanoutFigures(parallel: number): Promise<number> {
-  const provider = new OutputFanoutProvider(new LatencyProvider(), { maxOutputs: 16, maxParallelOutputs: parallel }, DEFAULT_REQUEST_LIMITS);
+/** One n = 8 batch through the fan-out layer over a provider that waits `wait` per call. */
+function fanoutBatch(wait: Wait, parallel: number): () => Promise<void> {
+  const provider = new OutputFanoutProvider(new BenchProvider(wait), { maxOutputs: 16, maxParallelOutputs: parallel }, DEFAULT_REQUEST_LIMITS);
   const request = createImageRequest({ prompt: "bench", parameters: { n: N } });
-  return timeAsync(async () => {
+  return async () => {
     const response = await provider.execute(request, context());
     if (response.data.length !== N) throw new Error("missing images");
-  });
+  };
 }
 
 /** Loaded lazily so a missing dev dependency only skips the peer. */
 const loadAi = () => import("ai");
+let ai: Awaited<ReturnType<typeof loadAi>> | undefined;
+let aiMissing = "";
+try {
+  ai = await loadAi();
+} catch (error) {
+  aiMissing = `the ai package could not be loaded (${(error as Error).message})`;
+}
 
-async function peerFigure(): Promise<number | string> {
-  let ai: Awaited<ReturnType<typeof loadAi>>;
-  try {
-    ai = await loadAi();
-  } catch (error) {
-    return `the ai package could not be loaded (${(error as Error).message})`;
-  }
+/** One n = 8 generateImage call over an image model that makes one image per call after `wait`. */
+function peerBatch(wait: Wait): (() => Promise<void>) | undefined {
+  if (!ai) return undefined;
   const generateImage = ai.generateImage ?? ai.experimental_generateImage;
   const model = {
     specificationVersion: "v3" as const,
@@ -124,7 +166,7 @@ async function peerFigure(): Promise<number | string> {
     modelId: "bench-1",
     maxImagesPerCall: 1,
     async doGenerate(options: { n: number; abortSignal?: AbortSignal }) {
-      await sleep(LATENCY_MS, options.abortSignal);
+      await wait(options.abortSignal);
       return {
         images: Array.from({ length: options.n }, () => PIXEL),
         warnings: [],
@@ -132,28 +174,81 @@ async function peerFigure(): Promise<number | string> {
       };
     },
   };
-  try {
-    return await timeAsync(async () => {
-      const result = await generateImage({ model, prompt: "bench", n: N, maxRetries: 0 });
-      if (result.images.length !== N) throw new Error("missing images");
-    });
-  } catch (error) {
-    return `generateImage failed (${(error as Error).message})`;
+  return async () => {
+    const result = await generateImage({ model, prompt: "bench", n: N, maxRetries: 0 });
+    if (result.images.length !== N) throw new Error("missing images");
+  };
+}
+
+/** `batch` run `times` times back to back. */
+const repeated = (batch: () => Promise<void>, times: number) => async () => {
+  for (let i = 0; i < times; i++) await batch();
+};
+
+const started = performance.now();
+
+// --- next tick: the layers' own cost -------------------------------------
+{
+  const inner = new BenchProvider(nextTick);
+  const innerRequest = createImageRequest({ prompt: "bench" });
+  const direct = async () => {
+    await Promise.all(Array.from({ length: N }, () => inner.execute(innerRequest, context())));
+  };
+  const peer = peerBatch(nextTick);
+  const contenders = [repeated(fanoutBatch(nextTick, 8), BATCHES), repeated(direct, BATCHES)];
+  if (peer) contenders.push(repeated(peer, BATCHES));
+  const [fanMs, directMs, peerMs] = await interleave(contenders, TICK_ROUNDS);
+  const us = (ms: number[]) => ms.map((t) => (1000 * t) / BATCHES);
+  console.log(`images, next-tick provider (setImmediate per call): n=${N}, one image per call, parallelism 8;`);
+  console.log(`  µs per batch, median (min–max) over ${TICK_ROUNDS} interleaved rounds of ${BATCHES} batches`);
+  console.log(`  fan-out layer (OutputFanoutProvider)        ${summary(us(fanMs!), 0)} µs`);
+  if (peerMs) {
+    console.log(`  peer: ai generateImage, maxImagesPerCall 1  ${summary(us(peerMs), 0)} µs`);
+    const r = ratios(fanMs!, peerMs);
+    console.log(`  fan-out / generateImage                     ${summary(r, 2)}x   target <= 2x: ${median(r) <= 2 ? "met" : "NOT met"}`);
+  } else {
+    console.log(`  peer: ai generateImage not measured: ${aiMissing}`);
+  }
+  console.log(`  ${`floor: the ${N} provider calls, Promise.all`.padEnd(43)} ${summary(us(directMs!), 0)} µs`);
+  const own = us(fanMs!).map((t, i) => t - us(directMs!)[i]!);
+  console.log(`  ${"fan-out minus floor (the layer's own cost)".padEnd(43)} ${summary(own, 0)} µs`);
+}
+
+// --- 50 ms per call ----------------------------------------------------------
+{
+  const slow = new OutputFanoutProvider(new BenchProvider(latency), { maxOutputs: 16, maxParallelOutputs: 8 }, DEFAULT_REQUEST_LIMITS);
+  const one = async () => void (await slow.execute(createImageRequest({ prompt: "bench" }), context()));
+  const peer = peerBatch(latency);
+  const contenders = [one, fanoutBatch(latency, 8), fanoutBatch(latency, 2)];
+  if (peer) contenders.push(peer);
+  const [singleMs, p8Ms, p2Ms, peerMs] = await interleave(contenders, ROUNDS);
+  const p8 = ratios(p8Ms!, singleMs!);
+  const p2 = ratios(p2Ms!, singleMs!);
+  console.log(`\nimages, ${LATENCY_MS} ms per call: n=${N}, one image per call; ms and ratios to one call, median (min–max) over ${ROUNDS} interleaved rounds`);
+  console.log(`  one call (n=1, fast path)               ${summary(singleMs!, 1)} ms`);
+  console.log(`  fan-out n=${N}, parallelism 8            ${summary(p8Ms!, 1)} ms   ${summary(p8, 2)}x   target <= 1.15x: ${median(p8) <= 1.15 ? "met" : "NOT met"}`);
+  console.log(`  fan-out n=${N}, parallelism 2            ${summary(p2Ms!, 1)} ms   ${summary(p2, 2)}x   target 4x +/- 10%: ${Math.abs(median(p2) - 4) <= 0.4 ? "met" : "NOT met"}`);
+  if (peerMs) {
+    console.log(`  peer: ai generateImage n=${N}             ${summary(peerMs, 1)} ms   ${summary(ratios(peerMs, singleMs!), 2)}x`);
+    console.log(`  fan-out p8 / generateImage              ${summary(ratios(p8Ms!, peerMs), 2)}x`);
+  } else {
+    console.log(`  peer: ai generateImage not measured: ${aiMissing}`);
   }
 }
 
-async function serviceFigure(): Promise<{ batch: number; single: number }> {
+// --- the same over gRPC ------------------------------------------------------
+{
   const module = defineModule({
     name: "images",
     description: "bench",
     configSchema: imagesConfigSchema,
-    create: (ctx) => createImagesInstance(ctx, { extraProviders: [new LatencyProvider()] }),
+    create: (ctx) => createImagesInstance(ctx, { extraProviders: [new BenchProvider(latency)] }),
   });
   const config = resolveConfig(
     {
       listen: "127.0.0.1:0",
       adminListen: "",
-      services: ["images"],
+      modules: ["images"],
       images: { defaultProvider: "bench", reference: { enabled: false }, fanout: { maxOutputs: 16, maxParallelOutputs: 8 } },
     },
     [module],
@@ -167,32 +262,12 @@ async function serviceFigure(): Promise<{ batch: number; single: number }> {
       });
       if (result.response?.data.length !== n) throw new Error("missing images");
     };
-    return { single: await timeAsync(call(1)), batch: await timeAsync(call(N)) };
+    const [singleMs, batchMs] = await interleave([call(1), call(N)], ROUNDS);
+    console.log(
+      `  ImageService over gRPC (in process): n=1 ${summary(singleMs!, 1)} ms, n=${N} ${summary(batchMs!, 1)} ms, n=${N}/n=1 ${summary(ratios(batchMs!, singleMs!), 2)}x`,
+    );
   } finally {
     await host.shutdown();
   }
 }
-
-const fmt = (ms: number) => `${ms.toFixed(1)} ms`;
-const started = performance.now();
-
-const singleProvider = new OutputFanoutProvider(new LatencyProvider(), { maxOutputs: 16, maxParallelOutputs: 8 }, DEFAULT_REQUEST_LIMITS);
-const single = await timeAsync(() => singleProvider.execute(createImageRequest({ prompt: "bench" }), context()));
-const p8 = await fanoutFigures(8);
-const p2 = await fanoutFigures(2);
-const peer = await peerFigure();
-const service = await serviceFigure();
-
-console.log(`images fan-out: n=${N}, native count 1, ${LATENCY_MS} ms per call, median of ${REPS} runs`);
-console.log(`  one call (n=1, fast path)                 ${fmt(single)}`);
-console.log(`  fan-out n=${N}, parallelism 8              ${fmt(p8)}   ratio to one call ${(p8 / single).toFixed(2)}x (target <= 1.15x)`);
-console.log(`  fan-out n=${N}, parallelism 2              ${fmt(p2)}   ratio to one call ${(p2 / single).toFixed(2)}x (target 4x +/- 10%)`);
-if (typeof peer === "number") {
-  console.log(`  peer: ai generateImage n=${N}, 1 per call  ${fmt(peer)}   ratio to one call ${(peer / single).toFixed(2)}x; fan-out p8 / peer ${(p8 / peer).toFixed(2)}x`);
-} else {
-  console.log(`  peer: ai generateImage not measured: ${peer}`);
-}
-console.log(`  ImageService over gRPC: n=1 ${fmt(service.single)}, n=${N} (parallelism 8) ${fmt(service.batch)}, ratio ${(service.batch / service.single).toFixed(2)}x`);
-const ok8 = p8 / single <= 1.15;
-const ok2 = Math.abs(p2 / single - 4) <= 0.4;
-console.log(`  checks: parallelism 8 ${ok8 ? "PASS" : "MISS"}, parallelism 2 ${ok2 ? "PASS" : "MISS"} (${((performance.now() - started) / 1000).toFixed(1)} s total)`);
+console.log(`\n(${((performance.now() - started) / 1000).toFixed(1)} s)`);

@@ -1,56 +1,111 @@
 /**
- * Media benchmark: canonical content hash throughput against Buffer.copy of
- * the same bytes, decode rate of 2048x2048 JPEG and PNG, and the hash's share
- * of decode time. Run: node --import tsx bench/media.ts
+ * Media benchmark, every figure against a peer timed in the same rounds:
+ * - canonical content hash of N bytes against `Buffer.copy` of the same bytes
+ *   into a preallocated buffer (and `Buffer.from`, a copy into a new buffer,
+ *   which is what a receive path does), at 64 KiB, 1 MiB, 24 MiB, 256 MiB;
+ * - decodeImage (header, limits, decode, hash) of a 2048x2048 JPEG and PNG
+ *   against a plain `sharp(buf).raw().toBuffer()` of the same file, and the
+ *   hash of the decoded pixels as a share of the decode.
+ *
+ * Rounds interleave the contenders (A B C, then C B A, ...), so load elsewhere
+ * on the machine falls on all of them alike; ratios are taken within a round
+ * and reported as median (min–max) over the rounds.
+ *
+ * Env: BENCH_SCALE multiplies the number of rounds (default 1); THREADS sets
+ * libvips' thread count as the server's decoder.threadsPerDecode does.
  */
 import { randomFillSync } from "node:crypto";
 import { performance } from "node:perf_hooks";
-import { xxh3 } from "@node-rs/xxhash";
 import sharp from "sharp";
 import { canonicalContentHash, configureSharp, decodeImage, DEFAULT_MAX_ALLOC } from "../src/media/index.js";
 
-const MiB = 1024 * 1024;
+const KiB = 1024;
+const MiB = 1024 * KiB;
+const SCALE = Number(process.env.BENCH_SCALE ?? 1);
 
 function median(values: number[]): number {
   const s = [...values].sort((a, b) => a - b);
-  return s[Math.floor(s.length / 2)]!;
+  const mid = s.length >> 1;
+  return s.length % 2 === 1 ? s[mid]! : (s[mid - 1]! + s[mid]!) / 2;
 }
+const spread = (xs: number[], digits: number) => `${Math.min(...xs).toFixed(digits)}–${Math.max(...xs).toFixed(digits)}`;
+/** "median (min–max)" */
+const summary = (xs: number[], digits: number) => `${median(xs).toFixed(digits)} (${spread(xs, digits)})`;
 
-/** Median milliseconds of `fn` over `reps` runs after `warmup` runs. */
-function timeSync(fn: () => void, reps: number, warmup = 3): number {
-  for (let i = 0; i < warmup; i++) fn();
-  const times: number[] = [];
-  for (let i = 0; i < reps; i++) {
-    const t0 = performance.now();
-    fn();
-    times.push(performance.now() - t0);
+/**
+ * Times each contender once per round, in alternating order (forward on even
+ * rounds, reversed on odd ones), after `warmup` untimed rounds. Returns the
+ * milliseconds per round, per contender.
+ */
+async function interleave(contenders: (() => unknown)[], rounds: number, warmup = 2): Promise<number[][]> {
+  const times = contenders.map(() => [] as number[]);
+  for (let round = -warmup; round < rounds; round++) {
+    const order = contenders.map((_, i) => i);
+    if (round % 2 !== 0) order.reverse();
+    for (const i of order) {
+      const t0 = performance.now();
+      await contenders[i]!();
+      if (round >= 0) times[i]!.push(performance.now() - t0);
+    }
   }
-  return median(times);
+  return times;
 }
 
-const gbps = (bytes: number, ms: number) => (bytes / (ms / 1000) / 1e9).toFixed(1);
+const gbps = (bytes: number, ms: number) => bytes / (ms / 1000) / 1e9;
 
 // The settings the media module applies when the server starts it.
 configureSharp(Number(process.env.THREADS ?? 0));
 console.log(`media bench — node ${process.version}, sharp ${sharp.versions.sharp} (libvips ${sharp.versions.vips}), concurrency ${sharp.concurrency()}`);
-console.log("\n# content hash vs Buffer.copy of the same bytes (median)");
-console.log("copy = src.copy(reused dst); new copy = Buffer.from(src) (allocation included)");
-console.log("size      hash ms  hash GB/s  copy ms  copy GB/s  hash/copy time  new copy GB/s  one-shot xxh64 GB/s");
-for (const size of [1 * MiB, 24 * MiB]) {
-  const width = Math.floor(size / 3);
-  const src = randomFillSync(Buffer.alloc(width * 3));
-  const dst = Buffer.alloc(src.length);
-  const reps = size > 4 * MiB ? 30 : 300;
-  const hashMs = timeSync(() => void canonicalContentHash([1, width, 3], "UINT8", src), reps);
-  const copyMs = timeSync(() => void src.copy(dst), reps);
-  const newCopyMs = timeSync(() => void Buffer.from(src), reps);
-  const oneShotMs = timeSync(() => void xxh3.xxh64(src, 0n), Math.max(5, reps / 10));
+
+console.log("\n# content hash vs copy of the same bytes; GB/s and time ratios as median (min–max) over interleaved rounds");
+console.log("hash = canonicalContentHash([N], UINT8, src); copy = src.copy(preallocated dst); new copy = Buffer.from(src)");
+const SAMPLE_BYTES = 32 * MiB;
+console.log(`one sample = \`reps\` back-to-back calls (${SAMPLE_BYTES / MiB} MiB of input at least), so small sizes are not timer-bound;`);
+console.log("new copy is left out at 256 MiB: there each call maps and faults in 256 MiB of fresh memory, which costs seconds on a busy machine");
+console.log(
+  `${"size".padEnd(8)} ${"rounds x reps".padEnd(13)} ${"hash GB/s".padEnd(20)} ${"copy GB/s".padEnd(20)} ${"hash/copy time".padEnd(20)} ${"new copy GB/s".padEnd(20)} hash/new copy time`,
+);
+for (const [size, label, rounds] of [
+  [64 * KiB, "64 KiB", 31],
+  [1 * MiB, "1 MiB", 31],
+  [24 * MiB, "24 MiB", 15],
+  [256 * MiB, "256 MiB", 7],
+] as const) {
+  const src = randomFillSync(Buffer.alloc(size));
+  const dst = Buffer.alloc(size);
+  const shape = [size];
+  const reps = Math.max(1, Math.round(SAMPLE_BYTES / size));
+  const n = Math.max(3, Math.round(rounds * SCALE));
+  const withNew = size < 256 * MiB;
+  const contenders = [
+    () => {
+      for (let i = 0; i < reps; i++) canonicalContentHash(shape, "UINT8", src);
+    },
+    () => {
+      for (let i = 0; i < reps; i++) src.copy(dst);
+    },
+  ];
+  if (withNew) {
+    contenders.push(() => {
+      for (let i = 0; i < reps; i++) Buffer.from(src);
+    });
+  }
+  const [hashMs, copyMs, newMs] = await interleave(contenders, n);
+  const rate = (ms: number[]) => ms.map((t) => gbps(size * reps, t));
+  const hashOverCopy = hashMs!.map((t, i) => t / copyMs![i]!);
+  const newCols = newMs
+    ? `${summary(rate(newMs), 1).padEnd(20)} ${summary(
+        hashMs!.map((t, i) => t / newMs[i]!),
+        2,
+      )}`
+    : "—";
   console.log(
-    `${String(size / MiB).padStart(2)} MiB  ${hashMs.toFixed(3).padStart(8)}  ${gbps(src.length, hashMs).padStart(9)}  ${copyMs.toFixed(3).padStart(7)}  ${gbps(src.length, copyMs).padStart(9)}  ${(hashMs / copyMs).toFixed(2).padStart(14)}  ${gbps(src.length, newCopyMs).padStart(13)}  ${gbps(src.length, oneShotMs).padStart(19)}`,
+    `${label.padEnd(8)} ${`${n} x ${reps}`.padEnd(13)} ${summary(rate(hashMs!), 1).padEnd(20)} ${summary(rate(copyMs!), 1).padEnd(20)} ${summary(hashOverCopy, 2).padEnd(20)} ${newCols}`,
   );
 }
 
-console.log("\n# decode 2048x2048 to uint8 HWC (decodeImage: header, limits, decode, hash; median)");
+console.log("\n# decode 2048x2048 to uint8 HWC; ms and shares as median (min–max) over interleaved rounds");
+console.log("decode = decodeImage (header, limits, decode, hash); sharp raw = sharp(buf).raw().toBuffer(); hash = canonicalContentHash of the decoded pixels");
 const side = 2048;
 const base = sharp({ create: { width: side, height: side, channels: 3, background: "#808080", noise: { type: "gaussian", mean: 128, sigma: 40 } } })
   .blur(1.5); // photo-like: noise smoothed so the codecs have structure to work with
@@ -60,35 +115,24 @@ const inputs: [string, Buffer][] = [
   ["PNG", await sharp(raw, { raw: { width: side, height: side, channels: 3 } }).png().toBuffer()],
 ];
 const limits = { maxImageWidth: null, maxImageHeight: null, maxAlloc: DEFAULT_MAX_ALLOC };
-console.log("decode = decodeImage (header, limits, decode, hash); sharp raw = sharp(buf).raw().toBuffer(); ms as median (best)");
-console.log("input      encoded MiB  decode ms (best)  MP/s  sharp raw ms (best)  hash ms  hash share  share of best");
-/** Interleaves the two decoders round by round so machine noise hits both alike. */
-async function interleaved(a: () => Promise<unknown>, b: () => Promise<unknown>, rounds: number): Promise<[number, number, number, number]> {
-  await a();
-  await b();
-  const ta: number[] = [];
-  const tb: number[] = [];
-  for (let i = 0; i < rounds; i++) {
-    let t0 = performance.now();
-    await a();
-    ta.push(performance.now() - t0);
-    t0 = performance.now();
-    await b();
-    tb.push(performance.now() - t0);
-  }
-  return [median(ta), Math.min(...ta), median(tb), Math.min(...tb)];
-}
-
+console.log(
+  `${"input".padEnd(9)} ${"enc MiB".padStart(7)}  ${"decode ms".padEnd(20)} ${"decode MP/s".padEnd(12)} ${"sharp raw ms".padEnd(20)} ${"decode/sharp raw".padEnd(20)} ${"hash ms".padEnd(20)} hash share of decode`,
+);
+const DECODE_ROUNDS = Math.max(3, Math.round(11 * SCALE));
 for (const [name, encoded] of inputs) {
-  const [decodeMs, decodeBest, plainMs, plainBest] = await interleaved(
-    () => decodeImage(encoded, limits),
-    () => sharp(encoded).raw().toBuffer(),
-    9,
-  );
   const decoded = await decodeImage(encoded, limits);
-  const hashMs = timeSync(() => void canonicalContentHash(decoded.tensorInfo.shape, "UINT8", decoded.data), 30);
+  const [decodeMs, plainMs, hashMs] = await interleave(
+    [
+      () => decodeImage(encoded, limits),
+      () => sharp(encoded).raw().toBuffer(),
+      () => canonicalContentHash(decoded.tensorInfo.shape, "UINT8", decoded.data),
+    ],
+    DECODE_ROUNDS,
+  );
   const mp = (side * side) / 1e6;
+  const overPlain = decodeMs!.map((t, i) => t / plainMs![i]!);
+  const share = hashMs!.map((t, i) => (100 * t) / decodeMs![i]!);
   console.log(
-    `${name.padEnd(9)}  ${(encoded.length / MiB).toFixed(2).padStart(11)}  ${`${decodeMs.toFixed(1)} (${decodeBest.toFixed(1)})`.padStart(16)}  ${(mp / (decodeMs / 1000)).toFixed(0).padStart(4)}  ${`${plainMs.toFixed(1)} (${plainBest.toFixed(1)})`.padStart(17)}  ${hashMs.toFixed(2).padStart(8)}  ${((100 * hashMs) / decodeMs).toFixed(2).padStart(9)}%  ${((100 * hashMs) / decodeBest).toFixed(2).padStart(14)}%`,
+    `${name.padEnd(9)} ${(encoded.length / MiB).toFixed(2).padStart(7)}  ${summary(decodeMs!, 1).padEnd(20)} ${(mp / (median(decodeMs!) / 1000)).toFixed(0).padEnd(12)} ${summary(plainMs!, 1).padEnd(20)} ${summary(overPlain, 2).padEnd(20)} ${summary(hashMs!, 2).padEnd(20)} ${summary(share, 2)} %`,
   );
 }
