@@ -16,9 +16,8 @@ import { ConfigError, splitHostPort } from "./config.js";
 import { settleWithin } from "../util/index.js";
 import { errorMappingInterceptor } from "./error-mapping.js";
 import { Health, HealthRegistry, Readiness, ServingStatus, healthService } from "./health.js";
-import { lazyRouterTransport } from "./local-transport.js";
 import { RpcMetrics } from "./metrics.js";
-import type { ErrorMapper, ModuleHealth, ModuleInstance, ServiceBinding, ServiceModule } from "./module.js";
+import type { ErrorMapper, LocalRoutes, ModuleHealth, ModuleInstance, ServiceBinding, ServiceModule } from "./module.js";
 import { planModules } from "./module-plan.js";
 import { Supervisor } from "./supervisor.js";
 import { addReflection, reflectionServices } from "./reflection.js";
@@ -248,11 +247,17 @@ export async function startHost(options: HostOptions): Promise<Host> {
     logger.info({ module, ready, reason }, ready ? "module ready" : "module not ready"),
   );
   // Bound once the routes exist; a call before that answers UNAVAILABLE.
-  let localRoutes: ((router: ConnectRouter) => void) | undefined = undefined;
-  const localTransport = lazyRouterTransport(() => localRoutes, {
+  let liveRoutes: ((router: ConnectRouter) => void) | undefined = undefined;
+  let liveInterceptors: Interceptor[] = [];
+  const localRoutes: LocalRoutes = {
+    routes: (router) => {
+      if (!liveRoutes) throw new ConnectError("in-process services are not serving yet", Code.Unavailable);
+      liveRoutes(router);
+    },
+    interceptors: () => liveInterceptors,
     readMaxBytes: config.limits.maxReceiveMessageBytes,
     writeMaxBytes: config.limits.maxSendMessageBytes,
-  });
+  };
   const built: BuiltModule[] = [];
   const closeModules = async () => {
     for (const { module, instance } of [...built].reverse()) {
@@ -286,7 +291,7 @@ export async function startHost(options: HostOptions): Promise<Host> {
         tasks: supervisor,
         drainSignal: drainController.signal,
         advertisedAddress: advertised,
-        localTransport,
+        localRoutes,
       });
       exportsByName.set(module.name, entry.instance.exports);
     }
@@ -354,8 +359,8 @@ export async function startHost(options: HostOptions): Promise<Host> {
     observer.begin(req, res);
     adapter(req, res);
   };
-  localRoutes = registerRoutes;
-  localTransport.setInterceptors(interceptors);
+  liveRoutes = registerRoutes;
+  liveInterceptors = interceptors;
 
   let admin: HttpServer | undefined;
   let adminAddress = "";

@@ -5,6 +5,7 @@ export { ConfigError, loadConfig, parseScalar, gatherRawConfig, resolveConfig, r
 export type {
   DepsOf,
   ErrorMapper,
+  LocalRoutes,
   ModuleContext,
   ModuleHealth,
   ModuleInstance,

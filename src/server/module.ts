@@ -1,5 +1,5 @@
 import type { DescService } from "@bufbuild/protobuf";
-import type { ConnectError, ServiceImpl, Transport } from "@connectrpc/connect";
+import type { ConnectError, ConnectRouter, Interceptor, ServiceImpl } from "@connectrpc/connect";
 import type { Logger } from "pino";
 import type { Registry } from "prom-client";
 import type { z } from "zod";
@@ -69,11 +69,21 @@ export interface ModuleContext<C, D = Record<never, never>> {
   /** The address clients use to reach this server, e.g. "127.0.0.1:50051". */
   readonly advertisedAddress: string;
   /**
-   * A transport to the services this process serves, in memory (same
-   * interceptors, limits and auth as the listener, no TCP). Usable once the
-   * module's `start` hook runs; calls made earlier answer UNAVAILABLE.
+   * The services this process serves, for calls in memory (no TCP) with the
+   * listener's interceptors, limits and auth: hand it to `src/rpc`'s
+   * `inProcessTransport`. Live once the module's `start` hook runs.
    */
-  readonly localTransport: Transport;
+  readonly localRoutes: LocalRoutes;
+}
+
+/** What an in-process transport needs to reach this process's own services. */
+export interface LocalRoutes {
+  /** Registers every served service on a router; throws UNAVAILABLE before the routes are live. */
+  readonly routes: (router: ConnectRouter) => void;
+  /** The listener's interceptors (status record, drain, error mapping, auth). */
+  readonly interceptors: () => Interceptor[];
+  readonly readMaxBytes: number;
+  readonly writeMaxBytes: number;
 }
 
 /** A built module: its services, what it exports to others, and its lifecycle hooks. */

@@ -12,10 +12,10 @@ import {
   loadConfig,
   resolveConfig,
   startHost,
-  type ModuleContext,
   type ModuleHealth,
   type ServiceModule,
 } from "../../src/server/index.js";
+import { inProcessTransport } from "../../src/rpc/index.js";
 import { startServer, type InProcessServer } from "../support/server.js";
 import { ShapesService } from "../support/shapes-service.js";
 
@@ -222,9 +222,11 @@ describe("host: module lifecycle v2", () => {
         name: "staged",
         description: "records its lifecycle",
         configSchema: z.object({}),
-        create: (ctx) => {
+        create: async (ctx) => {
           events.push("create");
-          transport = ctx.localTransport;
+          transport = inProcessTransport({ routes: ctx.localRoutes.routes, interceptors: ctx.localRoutes.interceptors });
+          const early = await statusOf(() => createClient(Health, transport!).check({ service: "" }));
+          events.push(`early call ${Code[early.code]}`);
           ctx.tasks.run("watch", async (signal) => {
             events.push("task running");
             await new Promise<void>((resolve) => signal.addEventListener("abort", () => resolve(), { once: true }));
@@ -248,7 +250,7 @@ describe("host: module lifecycle v2", () => {
       });
       const server = await startServer({ modules: [staged] });
       await server.close();
-      expect(events).to.deep.equal(["create", "task running", "start (health SERVING)", "drain done", "task stopped", "close"]);
+      expect(events).to.deep.equal(["create", "early call Unavailable", "task running", "start (health SERVING)", "drain done", "task stopped", "close"]);
     });
 
     it("restarts a task that throws, counts the restarts, and stops it on drain", async () => {

@@ -1,0 +1,137 @@
+import { readFileSync } from "node:fs";
+import type { SecureClientSessionOptions } from "node:http2";
+import { isIP } from "node:net";
+import { Code, ConnectError } from "@connectrpc/connect";
+import type { Interceptor, Transport } from "@connectrpc/connect";
+import { Http2SessionManager, createGrpcTransport } from "@connectrpc/connect-node";
+import type { Registry } from "prom-client";
+import { hostPort, splitHostPort } from "../server/index.js";
+import { ChannelConfigError, type ChannelOptions } from "./config.js";
+import { clientMetrics, metricsInterceptor } from "./metrics.js";
+import { outboundInterceptors, withDeadlines } from "./outbound.js";
+
+/** What a channel needs besides its settings. */
+export interface ChannelDeps {
+  /** Where `grpc_client_handled_total` and `grpc_client_handling_seconds` go; no metrics without it. */
+  readonly registry?: Registry;
+  /** Further client interceptors, run inside the channel's own (closest to the wire). */
+  readonly interceptors?: readonly Interceptor[];
+  /** The clock of CallContext.deadline; `performance.now()` by default. */
+  readonly now?: () => number;
+}
+
+/**
+ * A connect Transport to one `HOST:PORT` over one HTTP/2 connection (opened
+ * on the first call, reopened after a failure), which can be closed.
+ */
+export interface Channel extends Transport {
+  readonly target: string;
+  /** Calls started and not yet ended. */
+  readonly inFlight: number;
+  readonly closed: boolean;
+  /**
+   * Refuses new calls (UNAVAILABLE), waits for the calls in flight to end,
+   * then closes the connection. A stream that is neither read to its end
+   * nor cancelled through its signal keeps this waiting.
+   */
+  close(): Promise<void>;
+  /** Refuses new calls and closes the connection now, ending every open call with `reason` (CANCELED by default). */
+  abort(reason?: Error): void;
+}
+
+/** Reads the CA file; failure is a ChannelConfigError naming `caFile`. */
+function readCa(file: string): Buffer {
+  try {
+    return readFileSync(file);
+  } catch (err) {
+    throw new ChannelConfigError("caFile", `cannot read ${file}: ${(err as Error).message}`);
+  }
+}
+
+/**
+ * A gRPC channel to `target` (`HOST:PORT` or `[IPv6]:PORT`): cleartext
+ * HTTP/2 (h2c, prior knowledge), or TLS with `options.tls`. Every call gets
+ * deadline propagation and `x-request-id` from the CallContext in its
+ * `contextValues` (see withCallContext), and client metrics when
+ * `deps.registry` is given. Throws ChannelConfigError when the CA file
+ * cannot be read, and a RangeError for a target that is not HOST:PORT.
+ */
+export function createChannel(target: string, options: ChannelOptions, deps: ChannelDeps = {}): Channel {
+  const valid = hostPort.safeParse(target);
+  if (!valid.success) throw new RangeError(`channel target "${target}": ${valid.error.issues[0]?.message ?? "expected HOST:PORT"}`);
+  const { host } = splitHostPort(target);
+  const nodeOptions: SecureClientSessionOptions = {};
+  if (options.tls) {
+    if (options.caFile !== "") nodeOptions.ca = readCa(options.caFile);
+    // No SNI for an IP address (TLS forbids it); the certificate is still checked against the address.
+    if (options.serverName !== "") nodeOptions.servername = options.serverName;
+    else if (isIP(host) !== 0) nodeOptions.servername = "";
+  }
+  const baseUrl = `${options.tls ? "https" : "http"}://${target}`;
+  const session = new Http2SessionManager(
+    baseUrl,
+    {
+      ...(options.keepaliveIntervalMs > 0 ? { pingIntervalMs: options.keepaliveIntervalMs, pingTimeoutMs: options.keepaliveTimeoutMs } : {}),
+      idleConnectionTimeoutMs: options.idleConnectionTimeoutMs,
+    },
+    nodeOptions,
+  );
+
+  let inFlight = 0;
+  let closed = false;
+  let closing: Promise<void> | undefined;
+  let drained: (() => void) | undefined;
+  // Innermost: sees every call that reaches the wire; connect aborts the call's signal when the call ends, whichever way.
+  const track: Interceptor = (next) => (req) => {
+    inFlight++;
+    req.signal.addEventListener(
+      "abort",
+      () => {
+        inFlight--;
+        if (inFlight === 0) drained?.();
+      },
+      { once: true },
+    );
+    return next(req);
+  };
+  const extra = deps.registry ? [metricsInterceptor(clientMetrics(deps.registry))] : [];
+  const transport = withDeadlines(
+    createGrpcTransport({
+      baseUrl,
+      sessionManager: session,
+      readMaxBytes: options.maxReceiveMessageBytes,
+      writeMaxBytes: options.maxSendMessageBytes,
+      interceptors: outboundInterceptors(extra, [...(deps.interceptors ?? []), track]),
+    }),
+    { defaultTimeoutMs: options.defaultTimeoutMs, ...(deps.now ? { now: deps.now } : {}) },
+  );
+  const refused = () => new ConnectError(`channel to ${target} is closed`, Code.Unavailable);
+
+  return {
+    target,
+    get inFlight() {
+      return inFlight;
+    },
+    get closed() {
+      return closed;
+    },
+    unary(...args) {
+      return closed ? Promise.reject(refused()) : transport.unary(...args);
+    },
+    stream(...args) {
+      return closed ? Promise.reject(refused()) : transport.stream(...args);
+    },
+    close() {
+      closed = true;
+      closing ??= (async () => {
+        if (inFlight > 0) await new Promise<void>((resolve) => (drained = resolve));
+        session.abort(refused());
+      })();
+      return closing;
+    },
+    abort(reason) {
+      closed = true;
+      session.abort(reason ?? new ConnectError(`channel to ${target} was aborted`, Code.Canceled));
+    },
+  };
+}

@@ -1,0 +1,29 @@
+/**
+ * Outbound gRPC: channels to HOST:PORT targets (h2c or TLS) with deadline
+ * and request-id propagation and client metrics, a pool of them keyed by
+ * target, the round-robin picker, the in-process transport, and the option
+ * helpers of the client subcommands.
+ */
+export { channelConfigSchema, channelDefaults, ChannelConfigError } from "./config.js";
+export type { ChannelConfigInput, ChannelOptions } from "./config.js";
+export { createChannel } from "./channel.js";
+export type { Channel, ChannelDeps } from "./channel.js";
+export { ChannelPool } from "./pool.js";
+export type { ChannelFactory } from "./pool.js";
+export { RoundRobinPicker } from "./picker.js";
+export type { PickerOptions } from "./picker.js";
+export { callContextKey, callContextOf, outboundContextValues, withCallContext } from "./context.js";
+export type { CallContext } from "./context.js";
+export { inProcessTransport } from "./in-process.js";
+export type { InProcessOptions } from "./in-process.js";
+export {
+  DEFAULT_ADDR,
+  addrOption,
+  caOption,
+  clientTransport,
+  parseAddr,
+  tlsOption,
+  tokenOption,
+  withConnectionOptions,
+} from "./cli-options.js";
+export type { ConnectionOptions } from "./cli-options.js";

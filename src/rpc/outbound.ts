@@ -1,0 +1,102 @@
+import { Code, ConnectError } from "@connectrpc/connect";
+import type { Interceptor, Transport } from "@connectrpc/connect";
+import { callContextKey } from "./context.js";
+
+/** Sends the call context's request id as `x-request-id`, unless the caller set that header itself. */
+export const requestIdInterceptor: Interceptor = (next) => (req) => {
+  const { requestId } = req.contextValues.get(callContextKey);
+  if (requestId !== undefined && requestId !== "" && !req.header.has("x-request-id")) req.header.set("x-request-id", requestId);
+  return next(req);
+};
+
+/** Headers that belong to the transport, not to the application, in an error's metadata. */
+function isProtocolHeader(name: string): boolean {
+  return name.startsWith("grpc-") || name.startsWith("content-") || name === "date";
+}
+
+function stripProtocolHeaders(error: unknown): unknown {
+  if (error instanceof ConnectError) {
+    for (const name of [...error.metadata.keys()]) if (isProtocolHeader(name)) error.metadata.delete(name);
+  }
+  return error;
+}
+
+/**
+ * Leaves only application metadata on a failed call's ConnectError. connect
+ * puts every response header and trailer there, and a handler that rethrows
+ * a downstream error would otherwise send the downstream's content-type and
+ * grpc-status as its own response headers (which breaks the response for a
+ * Connect or gRPC-Web caller).
+ */
+export const errorMetadataInterceptor: Interceptor = (next) => async (req) => {
+  let res;
+  try {
+    res = await next(req);
+  } catch (error) {
+    throw stripProtocolHeaders(error);
+  }
+  if (!res.stream) return res;
+  const messages = res.message;
+  return {
+    ...res,
+    message: {
+      [Symbol.asyncIterator]() {
+        const it = messages[Symbol.asyncIterator]();
+        return {
+          next: () => it.next().catch((error: unknown) => Promise.reject(stripProtocolHeaders(error))),
+          return: async (value?: unknown) => (await it.return?.(value)) ?? { done: true as const, value: undefined },
+        };
+      },
+    },
+  };
+};
+
+export interface DeadlineOptions {
+  /** Deadline of a call that sets none; 0 means none. */
+  readonly defaultTimeoutMs: number;
+  /** The clock of CallContext.deadline. */
+  readonly now?: () => number;
+}
+
+/**
+ * Applies deadlines before the transport builds the request, because
+ * connect derives both `grpc-timeout` and the call's timer from the
+ * `timeoutMs` it is given (an interceptor runs too late to change either).
+ * The effective timeout is the caller's `timeoutMs` (≤ 0: none), else the
+ * default, and never longer than the time left until the inbound deadline
+ * in the call context. A call whose inbound deadline has passed starts with
+ * its signal already aborted, so it fails with DEADLINE_EXCEEDED (and is
+ * counted) without leaving the process.
+ */
+export function withDeadlines(inner: Transport, options: DeadlineOptions): Transport {
+  const now = options.now ?? performance.now.bind(performance);
+  const effective = (signal: AbortSignal | undefined, timeoutMs: number | undefined, values: Parameters<Transport["unary"]>[5]) => {
+    let timeout = timeoutMs === undefined ? (options.defaultTimeoutMs > 0 ? options.defaultTimeoutMs : undefined) : timeoutMs > 0 ? timeoutMs : undefined;
+    const deadline = values?.get(callContextKey).deadline;
+    if (deadline !== undefined) {
+      const remaining = Math.floor(deadline - now());
+      if (remaining <= 0) {
+        const expired = AbortSignal.abort(new ConnectError("the inbound deadline has passed", Code.DeadlineExceeded));
+        return { signal: expired, timeout: undefined };
+      }
+      timeout = timeout === undefined ? remaining : Math.min(timeout, remaining);
+    }
+    return { signal, timeout };
+  };
+  return {
+    unary(method, signal, timeoutMs, header, input, contextValues) {
+      const e = effective(signal, timeoutMs, contextValues);
+      // connect turns a timeoutMs ≤ 0 into "none", and `undefined` into its own default (unset here).
+      return inner.unary(method, e.signal, e.timeout ?? 0, header, input, contextValues);
+    },
+    stream(method, signal, timeoutMs, header, input, contextValues) {
+      const e = effective(signal, timeoutMs, contextValues);
+      return inner.stream(method, e.signal, e.timeout ?? 0, header, input, contextValues);
+    },
+  };
+}
+
+/** Client interceptors every outbound transport gets, outermost first: error metadata, `extra` (e.g. metrics), request id, `inner`. */
+export function outboundInterceptors(extra: readonly Interceptor[], inner: readonly Interceptor[] = []): Interceptor[] {
+  return [errorMetadataInterceptor, ...extra, requestIdInterceptor, ...inner];
+}
