@@ -4,4 +4,5 @@
 import { register } from "tsx/esm/api";
 
 register();
-await import("../src/cli/main.ts");
+const { main } = await import("../src/cli/main.ts");
+await main(process.argv.slice(2));

@@ -2,7 +2,7 @@ import { Command } from "commander";
 import { createClient } from "@connectrpc/connect";
 import { ConnectError } from "@connectrpc/connect";
 import { Health, HealthCheckResponse_ServingStatus as ServingStatus } from "../../gen/grpc/health/v1/health_pb.js";
-import { clientTransport, withConnectionOptions, type ConnectionOptions } from "./address.js";
+import { clientTransport, withConnectionOptions, type ConnectionOptions } from "../rpc/index.js";
 
 /** Exit codes: 0 SERVING, 1 anything else, 2 the call failed. */
 export function healthCommand(): Command {

@@ -1,20 +1,81 @@
-import { Command } from "commander";
-import { imagesCommand } from "../images/index.js";
-import { mediaCommand } from "../media/cli.js";
+/**
+ * The mmgate executable. Each subcommand's module is imported only when that
+ * subcommand runs, so `mmgate version`, `mmgate --help` and `mmgate health`
+ * never load sharp, the image providers or the media decoder. The root help
+ * lists every subcommand from the table below without importing it.
+ */
+import { Command, Help } from "commander";
 import { version } from "../version.js";
-import { healthCommand } from "./health.js";
-import { serveCommand } from "./serve.js";
 
-export function program(): Command {
+/** A subcommand the root help lists, and how to build the real one. */
+export interface LazySubcommand {
+  readonly name: string;
+  readonly description: string;
+  /** The root help's term for it, as commander prints it for the real command ("serve [options]"). */
+  readonly term: string;
+  readonly load: () => Promise<Command>;
+}
+
+export const subcommands: readonly LazySubcommand[] = [
+  {
+    name: "serve",
+    description: "serve every configured service on one listener (embedded defaults without a config file)",
+    term: "serve [options]",
+    load: async () => (await import("./serve.js")).serveCommand(),
+  },
+  {
+    name: "health",
+    description: "check grpc.health.v1 on a server; exits 0 when SERVING",
+    term: "health [options]",
+    load: async () => (await import("./health.js")).healthCommand(),
+  },
+  {
+    name: "media",
+    description: "decode images to tensors and compute canonical content hashes",
+    term: "media",
+    // src/media/index.ts does not export the media command, so it comes from its own file.
+    load: async () => (await import("../media/cli.js")).mediaCommand(),
+  },
+  {
+    name: "images",
+    description: "generate images through mmgate.images.v1.ImageService",
+    term: "images",
+    load: async () => (await import("../images/index.js")).imagesCommand(),
+  },
+];
+
+/**
+ * The subcommand `argv` (without node and the script) runs, by commander's
+ * rule for a root whose options take no values: the first operand, or the
+ * one after `help`.
+ */
+export function selectedSubcommand(argv: readonly string[]): string | undefined {
+  const operands = argv.filter((arg) => !arg.startsWith("-"));
+  return operands[0] === "help" ? operands[1] : operands[0];
+}
+
+/**
+ * The command tree for `argv`: the selected subcommand is loaded, every
+ * other one is a stub that only carries its name and description for help.
+ */
+export async function program(argv: readonly string[]): Promise<Command> {
+  const selected = selectedSubcommand(argv);
+  const terms = new Map<Command, string>();
   const root = new Command("mmgate")
     .description("gRPC services for the hops of a multimodal LLM and image serving stack")
     .version(version, "-V, --version")
     .showHelpAfterError()
-    .enablePositionalOptions();
-  root.addCommand(serveCommand());
-  root.addCommand(healthCommand());
-  root.addCommand(mediaCommand());
-  root.addCommand(imagesCommand());
+    .enablePositionalOptions()
+    .configureHelp({ subcommandTerm: (cmd) => terms.get(cmd) ?? new Help().subcommandTerm(cmd) });
+  for (const sub of subcommands) {
+    if (sub.name === selected) {
+      root.addCommand(await sub.load());
+    } else {
+      const stub = new Command(sub.name).description(sub.description);
+      terms.set(stub, sub.term);
+      root.addCommand(stub);
+    }
+  }
   root.addCommand(
     new Command("version").description("print the version").action(() => {
       process.stdout.write(`mmgate ${version} (node ${process.version})\n`);
@@ -23,10 +84,41 @@ export function program(): Command {
   return root;
 }
 
-try {
-  await program().parseAsync(process.argv);
-} catch (err) {
-  // Usage errors raised inside an action (an unreadable --ca file, say): one line, no stack.
-  process.stderr.write(`mmgate: ${err instanceof Error ? err.message : String(err)}\n`);
-  process.exitCode = 1;
+export interface MainOptions {
+  /**
+   * Report commander's exits (help, version, usage errors) through
+   * `process.exitCode` instead of ending the process, so that the
+   * executable can run inside another process.
+   */
+  readonly exitOverride?: boolean;
+}
+
+/** Commander asked to exit (with `MainOptions.exitOverride`); it has printed what there was to say. */
+class ExitRequest {
+  constructor(readonly exitCode: number) {}
+}
+
+/** Runs the executable on `argv` (without node and the script). */
+export async function main(argv: readonly string[] = process.argv.slice(2), options: MainOptions = {}): Promise<void> {
+  // A subcommand module that fails to load is a bug: its stack trace is worth seeing.
+  const root = await program(argv);
+  try {
+    if (options.exitOverride) {
+      const tree = [root, ...root.commands, ...root.commands.flatMap((c) => c.commands)];
+      for (const command of tree) {
+        command.exitOverride((err) => {
+          throw new ExitRequest(err.exitCode);
+        });
+      }
+    }
+    await root.parseAsync([...argv], { from: "user" });
+  } catch (err) {
+    if (err instanceof ExitRequest) {
+      process.exitCode = err.exitCode;
+      return;
+    }
+    // Usage errors raised inside an action (an unreadable --ca file, say): one line, no stack.
+    process.stderr.write(`mmgate: ${err instanceof Error ? err.message : String(err)}\n`);
+    process.exitCode = 1;
+  }
 }

@@ -2,7 +2,7 @@ import { readFile } from "node:fs/promises";
 import { Command, InvalidArgumentError, Option } from "commander";
 import { ConnectError, createClient } from "@connectrpc/connect";
 import { MediaService, type TensorInfo } from "../../gen/mmgate/media/v1/media_pb.js";
-import { addrOption, caOption, clientTransport, tlsOption, type ConnectionOptions } from "../cli/address.js";
+import { addrOption, caOption, clientTransport, tlsOption, type ConnectionOptions } from "../rpc/index.js";
 import { decoderLimits, fetchPolicy, mediaConfigSchema } from "./config.js";
 import { metadataJson } from "./descriptor.js";
 import { MediaError } from "./errors.js";
