@@ -14,14 +14,14 @@ import { bearerAuthInterceptor } from "./auth.js";
 import type { MmgateConfig } from "./config.js";
 import { ConfigError, splitHostPort } from "./config.js";
 import { settleWithin } from "../util/index.js";
-import { errorMappingInterceptor } from "./error-mapping.js";
+import { callInterceptor } from "./call-interceptor.js";
 import { Health, HealthRegistry, Readiness, ServingStatus, healthService } from "./health.js";
 import { RpcMetrics } from "./metrics.js";
 import type { ErrorMapper, LocalRoutes, ModuleHealth, ModuleInstance, ServiceBinding, ServiceModule } from "./module.js";
 import { planModules } from "./module-plan.js";
 import { Supervisor } from "./supervisor.js";
 import { addReflection, reflectionServices } from "./reflection.js";
-import { RpcObserver, recordStatusInterceptor, rpcRecordKey } from "./rpc-observer.js";
+import { RpcObserver, rpcRecordKey } from "./rpc-observer.js";
 
 export interface HostOptions {
   config: MmgateConfig;
@@ -164,16 +164,6 @@ function releaseUnreadRequest(req: NodeReq, res: NodeRes): void {
       );
     }
     return result;
-  };
-}
-
-/** Refuses new RPCs once the server drains; health stays reachable so probes see NOT_SERVING. */
-function drainInterceptor(draining: () => boolean): Interceptor {
-  return (next) => async (req) => {
-    if (draining() && req.service.typeName !== Health.typeName) {
-      throw new ConnectError("server is shutting down", Code.Unavailable);
-    }
-    return next(req);
   };
 }
 
@@ -321,9 +311,12 @@ export async function startHost(options: HostOptions): Promise<Host> {
   }
 
   const interceptors: Interceptor[] = [
-    recordStatusInterceptor,
-    drainInterceptor(() => health.isDraining),
-    errorMappingInterceptor((typeName) => mappers.get(typeName), logger),
+    callInterceptor({
+      draining: () => health.isDraining,
+      exempt: new Set([Health.typeName]),
+      mapperFor: (typeName) => mappers.get(typeName),
+      logger,
+    }),
   ];
   if (config.auth.token !== "") interceptors.push(bearerAuthInterceptor(config.auth.token));
   const registerRoutes = (router: ConnectRouter) => {

@@ -2,8 +2,8 @@ import type { IncomingHttpHeaders, IncomingMessage, ServerResponse } from "node:
 import type { Http2ServerRequest, Http2ServerResponse } from "node:http2";
 import { randomUUID } from "node:crypto";
 import type { DescMethod } from "@bufbuild/protobuf";
-import { Code, ConnectError, createContextKey } from "@connectrpc/connect";
-import type { ContextValues, Interceptor } from "@connectrpc/connect";
+import { Code, createContextKey } from "@connectrpc/connect";
+import type { ContextValues } from "@connectrpc/connect";
 import { codeFromHttpStatus, codeToString } from "@connectrpc/connect/protocol-connect";
 import type { Logger } from "pino";
 import type { RpcMetrics, RpcType } from "./metrics.js";
@@ -94,7 +94,8 @@ export class RpcObserver {
     };
     this.records.set(req, record);
     res.setHeader("x-request-id", record.requestId);
-    this.metrics.rpcStarted(record.service, record.method, record.type);
+    const series = this.metrics.forMethod(record.service, record.method, record.type);
+    series.started();
 
     let trailerStatus: string | undefined;
     // connect-node reports the gRPC status in the trailers it adds.
@@ -134,7 +135,7 @@ export class RpcObserver {
       code ??= record.code ?? (closedEarly ? Code.Canceled : res.statusCode === 200 ? 0 : codeFromHttpStatus(res.statusCode));
       const seconds = (performance.now() - started) / 1000;
       const name = codeName(code);
-      this.metrics.rpcHandled(record.service, record.method, record.type, name, seconds);
+      series.handled(name, seconds);
       this.logger.info(
         {
           service: record.service,
@@ -155,32 +156,3 @@ export class RpcObserver {
     return this.records.get(req);
   }
 }
-
-/**
- * Records a handler's error for the observer, as a fallback for responses
- * whose status never reaches the wire in a readable form. Success is left to
- * the wire: a response can still fail after the handler returns (a message
- * over the send limit, for one).
- */
-export const recordStatusInterceptor: Interceptor = (next) => async (req) => {
-  const record = req.contextValues.get(rpcRecordKey);
-  try {
-    const res = await next(req);
-    if (!res.stream || !record) return res;
-    const inner = res.message;
-    return {
-      ...res,
-      message: (async function* () {
-        try {
-          yield* inner;
-        } catch (err) {
-          record.code ??= ConnectError.from(err).code;
-          throw err;
-        }
-      })(),
-    };
-  } catch (err) {
-    if (record) record.code ??= ConnectError.from(err).code;
-    throw err;
-  }
-};
