@@ -107,11 +107,11 @@ function pinnedLookup(addresses: readonly ResolvedAddress[]): LookupFunction {
   };
 }
 
-interface Hop {
-  readonly status: number;
-  readonly location?: string;
-  readonly body?: Uint8Array;
-}
+/** How one HTTP hop ended: a redirect to follow, a body, or a status that is neither. */
+type Hop =
+  | { readonly kind: "redirect"; readonly location: string }
+  | { readonly kind: "body"; readonly body: Uint8Array }
+  | { readonly kind: "failed"; readonly status: number };
 
 function request(url: URL, addresses: readonly ResolvedAddress[] | null, policy: FetchPolicy, signal: AbortSignal): Promise<Hop> {
   return new Promise<Hop>((resolve, reject) => {
@@ -129,12 +129,12 @@ function request(url: URL, addresses: readonly ResolvedAddress[] | null, policy:
         const status = res.statusCode ?? 0;
         if (status >= 300 && status < 400 && res.headers.location !== undefined) {
           res.resume();
-          resolve({ status, location: res.headers.location });
+          resolve({ kind: "redirect", location: res.headers.location });
           return;
         }
         if (status < 200 || status >= 300) {
           res.resume();
-          resolve({ status });
+          resolve({ kind: "failed", status });
           return;
         }
         const declared = Number(res.headers["content-length"] ?? Number.NaN);
@@ -157,7 +157,7 @@ function request(url: URL, addresses: readonly ResolvedAddress[] | null, policy:
         });
         res.on("end", () => {
           const body = chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks, received);
-          resolve({ status, body: new Uint8Array(body.buffer, body.byteOffset, body.length) });
+          resolve({ kind: "body", body: new Uint8Array(body.buffer, body.byteOffset, body.length) });
         });
         res.on("error", reject);
         res.on("aborted", () => reject(new Error("response aborted")));
@@ -200,23 +200,25 @@ export async function fetchMedia(url: string, policy: FetchPolicy, options: Fetc
       const addresses = ipLiteralOf(host) === null ? await resolveChecked(host, policy, resolver, signal) : null;
       signal.throwIfAborted();
       const hop = await request(parsed, addresses, policy, signal);
-      if (hop.location !== undefined) {
-        if (redirects >= policy.maxRedirects) {
-          throw new MediaError("FETCH_TOO_MANY_REDIRECTS", `Too many redirects (limit ${policy.maxRedirects})`);
+      switch (hop.kind) {
+        case "redirect":
+          if (redirects >= policy.maxRedirects) {
+            throw new MediaError("FETCH_TOO_MANY_REDIRECTS", `Too many redirects (limit ${policy.maxRedirects})`);
+          }
+          try {
+            current = new URL(hop.location, parsed).toString();
+          } catch {
+            throw new MediaError("FETCH_REDIRECT_INVALID", `Invalid redirect location: ${hop.location}`);
+          }
+          continue;
+        case "failed": {
+          const status = hop.status >= 400 && hop.status < 500 ? Code.InvalidArgument : Code.Unavailable;
+          throw new MediaError("FETCH_HTTP_STATUS", `Fetching media failed with HTTP status ${hop.status}`, undefined, BigInt(hop.status), status);
         }
-        try {
-          current = new URL(hop.location, parsed).toString();
-        } catch {
-          throw new MediaError("FETCH_REDIRECT_INVALID", `Invalid redirect location: ${hop.location}`);
-        }
-        continue;
+        case "body":
+          if (hop.body.length === 0) throw new MediaError("FETCH_EMPTY_BODY", "Fetched media body is empty");
+          return hop.body;
       }
-      if (hop.body === undefined) {
-        const status = hop.status >= 400 && hop.status < 500 ? Code.InvalidArgument : Code.Unavailable;
-        throw new MediaError("FETCH_HTTP_STATUS", `Fetching media failed with HTTP status ${hop.status}`, undefined, BigInt(hop.status), status);
-      }
-      if (hop.body.length === 0) throw new MediaError("FETCH_EMPTY_BODY", "Fetched media body is empty");
-      return hop.body;
     }
   } catch (error) {
     if (error instanceof MediaError) throw error;
