@@ -1,5 +1,5 @@
 import type { ImagesConfig } from "./config.js";
-import { ImageError } from "./core/errors.js";
+import { breakerVerdictOf, ImageError } from "./core/errors.js";
 import type { ImageProvider } from "./core/provider.js";
 import type { RequestLimits } from "./core/validation.js";
 import { OutputFanoutProvider } from "./fanout/provider.js";
@@ -49,7 +49,7 @@ export function buildImageRuntime(config: ImagesConfig, options: BuildOptions = 
         limits,
       ),
       gate: new AdmissionGate(`provider:${name}`, admissionLimits(config.admission.perProvider)),
-      breaker: new CircuitBreaker(name, config.circuitBreaker),
+      breaker: new CircuitBreaker(name, config.circuitBreaker, breakerVerdictOf),
     };
   });
   if (entries.length === 0) throw new ImageError("configuration", "no image provider is enabled");

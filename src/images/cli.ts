@@ -8,8 +8,8 @@ import { ConnectError, createClient } from "@connectrpc/connect";
 import { ProviderCapabilitiesSchema } from "../../gen/mmgate/images/v1/capabilities_pb.js";
 import { ImageService } from "../../gen/mmgate/images/v1/image_service_pb.js";
 import * as pb from "../../gen/mmgate/images/v1/images_pb.js";
-import { addrOption, caOption, clientTransport, tlsOption, tokenOption, type ConnectionOptions } from "../cli/address.js";
-import { errorCodeFromProto } from "./wire.js";
+import { addrOption, caOption, clientTransport, tlsOption, tokenOption, type ConnectionOptions } from "../rpc/index.js";
+import { errorCodeFromProto } from "./proto-convert.js";
 
 export interface CliIo {
   readonly out: Writable;

@@ -41,7 +41,7 @@ const fanoutSchema = z
 const admissionLimitsSchema = (concurrent: number | "unlimited", queued: number | "unlimited") =>
   z
     .strictObject({
-      maxConcurrent: limit.refine((v) => v !== 0, "max_concurrent must be above 0").default(concurrent),
+      maxConcurrent: limit.refine((v) => v !== 0, "must be above 0 (or \"unlimited\")").default(concurrent),
       maxQueued: limit.default(queued),
     })
     .prefault({});

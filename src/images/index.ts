@@ -7,9 +7,13 @@ import { bindService, defineModule, type ModuleContext, type ModuleInstance } fr
 import { buildImageRuntime, type BuildOptions } from "./build.js";
 import { imagesConfigSchema, type ImagesConfig } from "./config.js";
 import { ImageMetrics } from "./metrics.js";
+import { mapImageError } from "./proto-convert.js";
 import type { ImageRuntime } from "./runtime/runtime.js";
 import { publishProviderHealth } from "./provider-health.js";
 import { imageService } from "./service.js";
+
+/** What an embedder or a test may add when building the module. */
+export type ImagesModuleOptions = Omit<BuildOptions, "onOutcome">;
 
 /**
  * Starts the capability: providers, runtime, metrics and the service
@@ -17,7 +21,7 @@ import { imageService } from "./service.js";
  */
 export function createImagesInstance(
   ctx: ModuleContext<ImagesConfig>,
-  options: Omit<BuildOptions, "onOutcome"> = {},
+  options: ImagesModuleOptions = {},
 ): ModuleInstance & { runtime: ImageRuntime } {
   // The gauges read the runtime at scrape time; it exists by then.
   const holder: { runtime?: ImageRuntime; health?: ReturnType<typeof publishProviderHealth> } = {};
@@ -26,6 +30,10 @@ export function createImagesInstance(
     ...options,
     onOutcome: (outcome) => {
       metrics.record(outcome);
+      if (!outcome.ok && outcome.error.code === "internal") {
+        // Clients get a redacted `internal` error; the log keeps what was thrown.
+        ctx.logger.error({ err: outcome.error.cause ?? outcome.error, provider: outcome.provider }, "image request failed unexpectedly");
+      }
       // After the runtime has recorded the outcome with the breaker.
       queueMicrotask(() => holder.health?.refresh());
     },
@@ -43,29 +51,23 @@ export function createImagesInstance(
   };
 }
 
-export const imagesModule = defineModule({
-  name: "images",
-  description: "Image generation over registered providers with bounded multi-output fan-out",
-  configSchema: imagesConfigSchema,
-  create: (ctx) => createImagesInstance(ctx),
-});
+/** The `images` module, with providers added in code (embedders, tests, benchmarks). */
+export function defineImagesModule(options: ImagesModuleOptions = {}) {
+  return defineModule({
+    name: "images",
+    description: "Image generation over registered providers with bounded multi-output fan-out",
+    configSchema: imagesConfigSchema,
+    mapError: mapImageError,
+    create: (ctx) => createImagesInstance(ctx, options),
+  });
+}
 
-export { imagesConfigSchema, type ImagesConfig, type OpenAiProviderConfig } from "./config.js";
-export { buildImageRuntime, type BuildOptions } from "./build.js";
-export { ImageRuntime, type RuntimeOutcome } from "./runtime/runtime.js";
-export { ImageMetrics } from "./metrics.js";
-export { ProviderRegistry } from "./runtime/registry.js";
-export { AdmissionGate } from "./runtime/admission.js";
-export { CircuitBreaker, DEFAULT_CIRCUIT_BREAKER } from "./runtime/circuit-breaker.js";
-export { OutputFanoutProvider, type OutputFanoutConfig } from "./fanout/provider.js";
-export { ReferenceProvider } from "./providers/reference.js";
-export { OpenAiImageProvider } from "./providers/openai.js";
-export { ImageError, ERROR_CODES, type ErrorCode } from "./core/errors.js";
-export { validateRequest, collectIssues, DEFAULT_REQUEST_LIMITS, type RequestLimits } from "./core/validation.js";
-export { negotiateRequest } from "./core/negotiation.js";
-export { validateCapabilities } from "./core/capabilities.js";
-export type { ImageProvider, ProviderContext, ProviderEventSink } from "./core/provider.js";
-export * from "./contract/types.js";
-export { GRPC_STATUS, toConnectError, requestFromProto, responseToProto } from "./wire.js";
-export { imagesCommand } from "./cli.js";
+export const imagesModule = defineImagesModule();
+
+export { imagesConfigSchema } from "./config.js";
+export { OutputFanoutProvider } from "./fanout/provider.js";
+export { DEFAULT_REQUEST_LIMITS } from "./core/validation.js";
+export type { ImageProvider, ProviderContext } from "./core/provider.js";
+export { createImageRequest, zeroTimings, type ImageRequest, type ImageResponse, type ProviderCapabilities } from "./model.js";
 export { providerHealthName } from "./provider-health.js";
+export { imagesCommand } from "./cli.js";

@@ -1,5 +1,4 @@
 import { Counter, Gauge, type Registry } from "prom-client";
-import { OutputFanoutProvider } from "./fanout/provider.js";
 import type { ImageRuntime, RuntimeOutcome } from "./runtime/runtime.js";
 
 const STATES = ["closed", "open", "half_open"] as const;
@@ -49,9 +48,16 @@ export class ImageMetrics {
       labelNames: ["provider"],
       registers: [registry],
       collect() {
-        for (const entry of runtime()?.registry.list() ?? []) {
-          if (entry.provider instanceof OutputFanoutProvider) this.set({ provider: entry.name }, entry.provider.activeOperations);
-        }
+        for (const entry of runtime()?.registry.list() ?? []) this.set({ provider: entry.name }, entry.provider.activeOperations);
+      },
+    });
+    new Gauge({
+      name: "mmgate_images_fanout_abandoned_operations",
+      help: "Upstream calls still running after their fail-fast batch gave up on them (their permits were freed)",
+      labelNames: ["provider"],
+      registers: [registry],
+      collect() {
+        for (const entry of runtime()?.registry.list() ?? []) this.set({ provider: entry.name }, entry.provider.abandonedOperations);
       },
     });
     this.requests = new Counter({
@@ -69,8 +75,8 @@ export class ImageMetrics {
   }
 
   record(outcome: RuntimeOutcome): void {
-    this.requests.inc({ provider: outcome.provider, code: outcome.error?.code ?? "ok" });
-    if (outcome.generated > 0) this.outputs.inc({ provider: outcome.provider, result: "generated" }, outcome.generated);
+    this.requests.inc({ provider: outcome.provider, code: outcome.ok ? "ok" : outcome.error.code });
+    if (outcome.ok && outcome.generated > 0) this.outputs.inc({ provider: outcome.provider, result: "generated" }, outcome.generated);
     if (outcome.failed > 0) this.outputs.inc({ provider: outcome.provider, result: "failed" }, outcome.failed);
   }
 }

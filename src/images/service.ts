@@ -2,23 +2,14 @@ import { create } from "@bufbuild/protobuf";
 import type { ServiceImpl } from "@connectrpc/connect";
 import * as caps from "../../gen/mmgate/images/v1/capabilities_pb.js";
 import * as svc from "../../gen/mmgate/images/v1/image_service_pb.js";
-import type { ProviderEvent } from "./contract/types.js";
-import { toImageError } from "./core/errors.js";
+import type { ProviderEvent } from "./model.js";
 import type { ImageRuntime } from "./runtime/runtime.js";
-import { EventQueue } from "./runtime/event-queue.js";
 import { requestIdOf } from "../server/index.js";
-import { capabilitiesToProto, requestFromProto, responseToProto, toConnectError } from "./wire.js";
+import { BoundedQueue } from "../util/index.js";
+import { capabilitiesToProto, requestFromProto, responseToProto } from "./proto-convert.js";
 
 /** Stream events buffered between the provider and a slow client. */
 const STREAM_BUFFER = 4;
-
-async function mapErrors<T>(work: () => Promise<T>): Promise<T> {
-  try {
-    return await work();
-  } catch (error) {
-    throw toConnectError(toImageError(error));
-  }
-}
 
 type StreamEvent = svc.GenerateStreamResponse["event"];
 
@@ -38,7 +29,10 @@ function streamEventOf(event: ProviderEvent): StreamEvent | undefined {
   }
 }
 
-/** mmgate.images.v1.ImageService over an ImageRuntime. */
+/**
+ * mmgate.images.v1.ImageService over an ImageRuntime. Handlers throw
+ * ImageError; the module's error mapper turns it into the status.
+ */
 export function imageService(runtime: ImageRuntime, drainSignal: AbortSignal): Partial<ServiceImpl<typeof svc.ImageService>> {
   return {
     async listProviders() {
@@ -61,35 +55,28 @@ export function imageService(runtime: ImageRuntime, drainSignal: AbortSignal): P
     },
 
     async getCapabilities(req) {
-      return mapErrors(async () => {
-        const capabilities = await runtime.capabilities(req.provider || undefined, req.model || undefined);
-        return create(svc.GetCapabilitiesResponseSchema, { capabilities: capabilitiesToProto(capabilities) });
-      });
+      const capabilities = await runtime.capabilities(req.provider || undefined, req.model || undefined);
+      return create(svc.GetCapabilitiesResponseSchema, { capabilities: capabilitiesToProto(capabilities) });
     },
 
     async generate(req, ctx) {
-      return mapErrors(async () => {
-        const request = requestFromProto(req.request, runtime.limits);
-        const response = await runtime.execute(request, { requestId: requestIdOf(ctx), signal: ctx.signal });
-        return create(svc.GenerateResponseSchema, { response: responseToProto(response, request.responseFormat) });
-      });
+      const request = requestFromProto(req.request, runtime.limits);
+      const response = await runtime.execute(request, { requestId: requestIdOf(ctx), signal: ctx.signal });
+      return create(svc.GenerateResponseSchema, { response: responseToProto(response, request.responseFormat) });
     },
 
     async *generateStream(req, ctx) {
-      let request;
       const requestId = requestIdOf(ctx);
-      try {
-        request = requestFromProto(req.request, runtime.limits);
-        runtime.prepare(request);
-      } catch (error) {
-        throw toConnectError(toImageError(error));
-      }
+      // An invalid request fails before `started`.
+      const prepared = runtime.prepare(requestFromProto(req.request, runtime.limits));
+      const request = prepared.request;
       yield create(svc.GenerateStreamResponseSchema, {
         event: { case: "started", value: create(svc.StartedSchema, { id: requestId, outputs: request.parameters.n }) },
       });
-      const queue = new EventQueue<StreamEvent>(STREAM_BUFFER);
+      // The provider waits while the buffer is full; a client that goes away closes it.
+      const queue = new BoundedQueue<StreamEvent>({ maxItems: STREAM_BUFFER });
       const execution = runtime
-        .execute(request, {
+        .run(prepared, {
           requestId,
           signal: ctx.signal,
           events: async (event) => {
@@ -104,12 +91,7 @@ export function imageService(runtime: ImageRuntime, drainSignal: AbortSignal): P
       for await (const event of queue) {
         yield create(svc.GenerateStreamResponseSchema, { event });
       }
-      let response;
-      try {
-        response = await execution;
-      } catch (error) {
-        throw toConnectError(toImageError(error));
-      }
+      const response = await execution;
       yield create(svc.GenerateStreamResponseSchema, {
         event: {
           case: "completed",
@@ -119,4 +101,3 @@ export function imageService(runtime: ImageRuntime, drainSignal: AbortSignal): P
     },
   };
 }
-

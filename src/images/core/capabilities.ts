@@ -1,4 +1,4 @@
-import type { ProviderCapabilities } from "../contract/types.js";
+import type { ProviderCapabilities } from "../model.js";
 import { ImageError } from "./errors.js";
 
 function invalid(capabilities: ProviderCapabilities, message: string): ImageError {

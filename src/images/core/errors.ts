@@ -1,4 +1,4 @@
-import type { JsonValue } from "../contract/types.js";
+import type { JsonValue } from "../model.js";
 
 /** The stable error codes of the image API. */
 export const ERROR_CODES = [
@@ -29,13 +29,13 @@ const DEFAULT_SUGGESTIONS: Record<ErrorCode, readonly string[]> = {
   unsupported_capability: [
     "Call GetCapabilities for the provider and adjust the request, or set policies.compatibility to normalize.",
   ],
-  configuration: ["Check the images section of the mmgate configuration (providers, fan-out limits)."],
-  authentication: ["Check the provider API key environment variable named in images.providers[].api_key_env."],
+  configuration: ["Check the images section of the mmgate configuration (images.reference, images.openai, images.fanout)."],
+  authentication: ["Check the API key environment variable named in images.openai[].apiKeyEnv."],
   permission_denied: ["Use credentials that are allowed to call this provider."],
   safety_rejected: ["Revise the prompt or inputs; the same request will be refused again."],
   rate_limited: ["Wait for details.retry_after_ms before retrying, or lower the request rate."],
   overloaded: [
-    "Retry after details.retry_after_ms, or raise images.admission / images.circuit_breaker limits.",
+    "Retry after details.retry_after_ms, or raise images.admission.global / images.admission.perProvider, or tune images.circuitBreaker.",
   ],
   timeout: ["Raise timeout_ms or reduce parameters.n; check the provider's latency."],
   cancelled: ["The caller or the server cancelled the request; send it again if still needed."],
@@ -54,6 +54,8 @@ export interface ImageErrorInit {
   upstreamRequestId?: string;
   details?: Record<string, JsonValue>;
   suggestions?: readonly string[];
+  /** What was thrown originally, for logs; never sent to clients. */
+  cause?: unknown;
 }
 
 /**
@@ -69,7 +71,7 @@ export class ImageError extends Error {
   readonly suggestions: readonly string[];
 
   constructor(code: ErrorCode, message: string, init: ImageErrorInit = {}) {
-    super(message);
+    super(message, init.cause === undefined ? undefined : { cause: init.cause });
     this.name = "ImageError";
     this.code = code;
     this.retryable = init.retryable ?? false;
@@ -84,6 +86,7 @@ export class ImageError extends Error {
       retryable: this.retryable,
       details: { ...this.details },
       suggestions: this.suggestions,
+      cause: this.cause,
       ...change,
     };
     if (this.provider !== undefined && init.provider === undefined) init.provider = this.provider;
@@ -122,20 +125,27 @@ export class ImageError extends Error {
   }
 }
 
-export function isImageError(value: unknown): value is ImageError {
-  return value instanceof ImageError;
-}
-
-/** Turns anything thrown into an ImageError without leaking its text. */
-export function toImageError(value: unknown, fallbackMessage = "unexpected failure"): ImageError {
+/**
+ * Turns anything thrown into an ImageError without leaking its text to
+ * clients: an abort is `cancelled`, anything else `internal` (the original
+ * stays as the `cause`, for logs).
+ */
+export function toImageError(value: unknown): ImageError {
   if (value instanceof ImageError) return value;
   if (value instanceof Error && value.name === "AbortError") {
-    return new ImageError("cancelled", "the operation was cancelled");
+    return new ImageError("cancelled", "the operation was cancelled", { cause: value });
   }
-  return new ImageError("internal", fallbackMessage);
+  return new ImageError("internal", "unexpected failure", { cause: value });
 }
 
-/** Error codes that count as failures for the circuit breaker. */
-export function isBreakerFailure(code: ErrorCode): boolean {
-  return code === "rate_limited" || code === "overloaded" || code === "timeout" || code === "upstream" || code === "protocol";
+/** Codes that say the provider is failing: they count against its circuit breaker. */
+const PROVIDER_FAULTS: ReadonlySet<ErrorCode> = new Set(["rate_limited", "overloaded", "timeout", "upstream", "protocol"]);
+
+/**
+ * How a failed provider call counts for its circuit breaker: a provider
+ * fault (`rate_limited`, `overloaded`, `timeout`, `upstream`, `protocol`),
+ * or neutral (everything else says nothing about the provider's health).
+ */
+export function breakerVerdictOf(error: unknown): "failure" | "neutral" {
+  return error instanceof ImageError && PROVIDER_FAULTS.has(error.code) ? "failure" : "neutral";
 }

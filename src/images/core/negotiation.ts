@@ -5,8 +5,7 @@ import {
   type JsonValue,
   type Normalization,
   type ProviderCapabilities,
-} from "../contract/types.js";
-import { validateCapabilities } from "./capabilities.js";
+} from "../model.js";
 import { ImageError } from "./errors.js";
 import { parseSize } from "./validation.js";
 
@@ -98,12 +97,13 @@ function preferred<T extends string>(preferredValue: T, supported: readonly T[])
 }
 
 /**
- * Negotiates a valid request against a provider's capabilities: hard
- * mismatches are rejected in every mode; the rest is rejected in strict mode
- * and changed (and recorded) otherwise.
+ * Negotiates a valid request against a provider's capabilities, which must
+ * have passed `validateCapabilities` (the fan-out decorator checks them
+ * before and after its transform): hard mismatches are rejected in every
+ * mode; the rest is rejected in strict mode and changed (and recorded)
+ * otherwise.
  */
 export function negotiateRequest(request: ImageRequest, capabilities: ProviderCapabilities): NegotiatedRequest {
-  validateCapabilities(capabilities);
   checkHardLimits(request, capabilities);
 
   const strict = request.policies.compatibility === "strict";

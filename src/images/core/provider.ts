@@ -1,12 +1,4 @@
-import type {
-  ImageRequest,
-  ImageResponse,
-  ProviderCapabilities,
-  ProviderDescriptor,
-  ProviderEvent,
-  SessionMetadata,
-} from "../contract/types.js";
-import { ImageError } from "./errors.js";
+import type { ImageRequest, ImageResponse, ProviderCapabilities, ProviderDescriptor, ProviderEvent } from "../model.js";
 
 /**
  * Receives streaming events. Awaiting the returned promise is the
@@ -26,43 +18,15 @@ export interface ProviderContext {
   readonly events?: ProviderEventSink;
 }
 
-/** An image backend. Implementations must honour `context.signal`. */
+/**
+ * An image backend. Implementations must honour `context.signal` and must
+ * not change the request they are given.
+ */
 export interface ImageProvider {
   descriptor(): ProviderDescriptor;
   /** Capabilities for a model, or for the provider's default model. */
   capabilities(model?: string): Promise<ProviderCapabilities>;
   execute(request: ImageRequest, context: ProviderContext): Promise<ImageResponse>;
-  /** Resolves when the provider can take work; throws an ImageError otherwise. */
-  checkReady(): Promise<void>;
-  getSession(key: string): Promise<SessionMetadata>;
-  deleteSession(key: string): Promise<void>;
-  /** Restarts of a supervised backend process, when there is one. */
-  restartCount(): number | undefined;
+  /** Releases what the provider holds; called once when the runtime shuts down. */
   shutdown(): Promise<void>;
-}
-
-export function sessionsUnsupported(provider: string): ImageError {
-  return new ImageError("unsupported_capability", "the provider does not keep sessions", {
-    provider,
-    details: { field: "session.mode" },
-  });
-}
-
-/** Rejects with `cancelled` once the signal fires; resolves after `ms` otherwise. */
-export function abortableDelay(ms: number, signal: AbortSignal): Promise<void> {
-  return new Promise((resolve, reject) => {
-    if (signal.aborted) {
-      reject(new ImageError("cancelled", "the operation was cancelled"));
-      return;
-    }
-    const onAbort = (): void => {
-      clearTimeout(timer);
-      reject(new ImageError("cancelled", "the operation was cancelled"));
-    };
-    const timer = setTimeout(() => {
-      signal.removeEventListener("abort", onAbort);
-      resolve();
-    }, ms);
-    signal.addEventListener("abort", onAbort, { once: true });
-  });
 }

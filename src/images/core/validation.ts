@@ -1,4 +1,4 @@
-import type { ImageInput, ImageRequest } from "../contract/types.js";
+import type { ImageInput, ImageRequest } from "../model.js";
 import { ImageError } from "./errors.js";
 
 /** Intrinsic request limits, independent of any provider. */
@@ -27,11 +27,11 @@ export const DEFAULT_REQUEST_LIMITS: RequestLimits = Object.freeze({
 
 /** Hard ceiling of any output count: indices travel as u8 in the reference. */
 export const MAX_OUTPUTS_CEILING = 255;
-export const MAX_PARTIAL_IMAGES = 3;
+const MAX_PARTIAL_IMAGES = 3;
 /** At most this many issues are reported; the last slot marks the overflow. */
 export const MAX_ISSUES = 64;
 /** At most this many inputs get per-input checks. */
-export const MAX_DETAILED_INPUTS = 64;
+const MAX_DETAILED_INPUTS = 64;
 const MAX_FILENAME_BYTES = 160;
 
 export interface ValidationIssue {

@@ -1,33 +1,42 @@
-import type {
-  FailurePolicy,
-  ImageFailure,
-  ImageRequest,
-  ImageResponse,
-  SessionMetadata,
-  Usage,
-} from "../contract/types.js";
-import { zeroTimings } from "../contract/types.js";
+import type { FailurePolicy, GeneratedImage, ImageFailure, ImageRequest, ImageResponse, SessionMetadata, Usage } from "../model.js";
+import { zeroTimings } from "../model.js";
 import { ImageError } from "../core/errors.js";
 
-export const WARNING_FANOUT = "emulated_multi_image_fanout";
-export const WARNING_SEQUENTIAL = "sequential_multi_image_fanout";
-export const WARNING_PARTIAL_FAILURE = "partial_output_failure";
+const WARNING_FANOUT = "emulated_multi_image_fanout";
+const WARNING_SEQUENTIAL = "sequential_multi_image_fanout";
+const WARNING_PARTIAL_FAILURE = "partial_output_failure";
 
-/** The outcome of one chunk of a fan-out batch. */
-export interface ChunkResult {
+interface ChunkPlace {
   readonly offset: number;
   readonly count: number;
   /** Includes the permit wait. */
   readonly elapsedMs: number;
-  readonly response?: ImageResponse;
-  readonly error?: ImageError;
+}
+
+/** The outcome of one chunk of a fan-out batch: its response, or its error. */
+export type ChunkResult =
+  | (ChunkPlace & { readonly ok: true; readonly response: ImageResponse })
+  | (ChunkPlace & { readonly ok: false; readonly error: ImageError });
+
+/** Marks `index` in `seen`; false when it is out of range or seen before. */
+function markOnce(seen: Uint8Array, index: number): boolean {
+  if (!Number.isInteger(index) || index < 0 || index >= seen.length || seen[index] !== 0) return false;
+  seen[index] = 1;
+  return true;
+}
+
+/** Whether a chunk's data and failures cover exactly 0..count, each once. */
+function coversExactly(response: ImageResponse, count: number): boolean {
+  if (response.data.length + response.failures.length !== count) return false;
+  if (count === 1) return (response.data[0] ?? response.failures[0])!.index === 0;
+  const seen = new Uint8Array(count);
+  for (const image of response.data) if (!markOnce(seen, image.index)) return false;
+  for (const failure of response.failures) if (!markOnce(seen, failure.index)) return false;
+  return true;
 }
 
 function checkChunkIndices(response: ImageResponse, offset: number, count: number): void {
-  const indices = [...response.data.map((image) => image.index), ...response.failures.map((failure) => failure.index)];
-  indices.sort((a, b) => a - b);
-  const exact = indices.length === count && indices.every((index, position) => index === position);
-  if (!exact) {
+  if (!coversExactly(response, count)) {
     throw new ImageError("protocol", "fan-out subrequest returned an invalid output set", {
       details: { output_offset: offset },
     });
@@ -39,7 +48,7 @@ function addOptional(left: number | undefined, right: number | undefined): numbe
   return Math.min(Number.MAX_SAFE_INTEGER, (left ?? 0) + (right ?? 0));
 }
 
-export function mergeUsage(target: Usage, next: Usage): Usage {
+function mergeUsage(target: Usage, next: Usage): Usage {
   const merged: Usage = { provider: { ...target.provider } };
   const input = addOptional(target.inputTokens, next.inputTokens);
   const output = addOptional(target.outputTokens, next.outputTokens);
@@ -54,7 +63,7 @@ export function mergeUsage(target: Usage, next: Usage): Usage {
 }
 
 /** The first session, kept only when every response carries the same one. */
-export function mergeSessions(responses: readonly ImageResponse[]): SessionMetadata | undefined {
+function mergeSessions(responses: readonly ImageResponse[]): SessionMetadata | undefined {
   const first = responses[0]?.session;
   if (!first) return undefined;
   const agree = responses.every(
@@ -64,7 +73,7 @@ export function mergeSessions(responses: readonly ImageResponse[]): SessionMetad
 }
 
 /**
- * Merges chunk results (sorted by offset) into one response, or the error
+ * Merges chunk results (in offset order) into one response, or the error
  * that stands for the batch.
  */
 export function aggregateChunks(
@@ -77,7 +86,7 @@ export function aggregateChunks(
   const successful: ImageResponse[] = [];
   const failures: ImageFailure[] = [];
   for (const result of results) {
-    if (result.response) {
+    if (result.ok) {
       const response = result.response;
       checkChunkIndices(response, result.offset, result.count);
       for (const image of response.data) {
@@ -87,7 +96,7 @@ export function aggregateChunks(
       for (const failure of response.failures) failure.index += result.offset;
       successful.push(response);
     } else {
-      const error = result.error ?? new ImageError("internal", "fan-out chunk ended without a result");
+      const error = result.error;
       for (let index = result.offset; index < result.offset + result.count; index += 1) {
         failures.push({ index, error: error.withDetail("output_index", index), generationMs: result.elapsedMs });
       }
@@ -108,10 +117,10 @@ export function aggregateChunks(
   let usage: Usage | undefined;
   let revisedPrompt: string | undefined;
   const session = mergeSessions(successful);
-  const data = [];
+  const data: GeneratedImage[] = [];
   for (const response of successful) {
-    data.push(...response.data);
-    failures.push(...response.failures);
+    for (const image of response.data) data.push(image);
+    for (const failure of response.failures) failures.push(failure);
     for (const warning of response.warnings) warnings.add(warning);
     if (revisedPrompt === undefined && response.revisedPrompt !== undefined && response.revisedPrompt !== "") {
       revisedPrompt = response.revisedPrompt;

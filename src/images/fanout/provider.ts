@@ -1,21 +1,19 @@
-import {
-  cloneCapabilities,
-  cloneRequest,
-  type CountRange,
-  type ImageRequest,
-  type ImageResponse,
-  type ProviderCapabilities,
-  type ProviderDescriptor,
-  type ProviderEvent,
-  type SessionMetadata,
-} from "../contract/types.js";
+import type {
+  GenerationParameters,
+  ImageRequest,
+  ImageResponse,
+  Normalization,
+  ProviderCapabilities,
+  ProviderDescriptor,
+  ProviderEvent,
+} from "../model.js";
 import { validateCapabilities } from "../core/capabilities.js";
 import { ImageError, toImageError } from "../core/errors.js";
 import { negotiateRequest } from "../core/negotiation.js";
 import type { ImageProvider, ProviderContext, ProviderEventSink } from "../core/provider.js";
 import { MAX_OUTPUTS_CEILING, validateRequest, type RequestLimits } from "../core/validation.js";
 import { aggregateChunks, type ChunkResult } from "./aggregate.js";
-import { AcquireError, Semaphore, type Permit } from "../../util/index.js";
+import { AcquireError, Semaphore, settleWithin, type Permit } from "../../util/index.js";
 import { planChunks, subrequestId, type ChunkSpec } from "./subrequest.js";
 
 export interface OutputFanoutConfig {
@@ -29,9 +27,26 @@ export interface OutputFanoutConfig {
   readonly siblingGraceMs?: number;
 }
 
-export const DEFAULT_SIBLING_GRACE_MS = 1000;
+const DEFAULT_SIBLING_GRACE_MS = 1000;
 /** Marks errors raised before anything was dispatched upstream. */
 const CAPACITY_WAIT = { stage: "capacity_wait" } as const;
+
+/**
+ * A request resolved against the provider and negotiated: what one
+ * execution needs, computed once per request (one capability lookup, one
+ * negotiation).
+ */
+export interface FanoutPlan {
+  /** The negotiated request: what the inner provider is asked for. */
+  readonly request: ImageRequest;
+  /** The parameters as the caller sent them. */
+  readonly requested: GenerationParameters;
+  readonly normalizations: readonly Normalization[];
+  /** The effective capabilities (after the fan-out transform). */
+  readonly capabilities: ProviderCapabilities;
+  /** Most outputs one inner call makes (the inner `count.max`). */
+  readonly nativeMax: number;
+}
 
 function validateConfig(config: OutputFanoutConfig, limits: RequestLimits): void {
   const integer = (value: number): boolean => Number.isInteger(value) && value > 0;
@@ -49,7 +64,7 @@ function validateConfig(config: OutputFanoutConfig, limits: RequestLimits): void
 }
 
 /** Maps a chunk's event into the batch's output order; undefined drops it. */
-export function mapChunkEvent(event: ProviderEvent, chunk: ChunkSpec): ProviderEvent | undefined {
+function mapChunkEvent(event: ProviderEvent, chunk: ChunkSpec): ProviderEvent | undefined {
   switch (event.type) {
     case "progress": {
       const index = event.index ?? 0;
@@ -66,6 +81,27 @@ export function mapChunkEvent(event: ProviderEvent, chunk: ChunkSpec): ProviderE
   }
 }
 
+/** Where a running chunk stands. */
+interface ChunkState {
+  /** Set when its inner call was made (it may have reached upstream). */
+  dispatched: boolean;
+  /** Set when its inner call settled. */
+  settled: boolean;
+  /** Set when the batch stopped waiting for it. */
+  abandoned: boolean;
+  /** The fan-out permit while the chunk holds one. */
+  permit: Permit | undefined;
+}
+
+/** One chunk of a batch while it runs. */
+interface ChunkRun {
+  /** Its position in the batch's chunk list. */
+  readonly index: number;
+  readonly state: ChunkState;
+  /** Resolves (never rejects) when the chunk ends. */
+  readonly result: Promise<ChunkResult>;
+}
+
 /**
  * Serves a logical request for more outputs than the inner provider makes
  * per call by splitting it into bounded calls, all under one provider-wide
@@ -74,6 +110,7 @@ export function mapChunkEvent(event: ProviderEvent, chunk: ChunkSpec): ProviderE
 export class OutputFanoutProvider implements ImageProvider {
   private readonly permits: Semaphore;
   private readonly siblingGraceMs: number;
+  private abandonedCalls = 0;
 
   constructor(
     private readonly inner: ImageProvider,
@@ -90,6 +127,14 @@ export class OutputFanoutProvider implements ImageProvider {
     return this.permits.inUse;
   }
 
+  /**
+   * Inner calls still running after their fail-fast batch stopped waiting
+   * for them (their permits were freed at the sibling grace).
+   */
+  get abandonedOperations(): number {
+    return this.abandonedCalls;
+  }
+
   descriptor(): ProviderDescriptor {
     return this.inner.descriptor();
   }
@@ -98,63 +143,76 @@ export class OutputFanoutProvider implements ImageProvider {
     return this.effectiveCapabilities(await this.inner.capabilities(model));
   }
 
+  /** The capabilities callers see; validated before and after the transform. */
   private effectiveCapabilities(native: ProviderCapabilities): ProviderCapabilities {
     validateCapabilities(native);
     if (this.config.maxOutputs <= native.count.max) return native;
-    const effective = cloneCapabilities(native);
-    effective.count = { min: native.count.min, max: this.config.maxOutputs };
-    effective.batching = {
-      mode: "fan_out",
-      nativeCount: { ...native.count },
-      maxParallelOutputs: this.config.maxParallelOutputs,
+    const effective: ProviderCapabilities = {
+      ...native,
+      count: { min: native.count.min, max: this.config.maxOutputs },
+      batching: {
+        mode: "fan_out",
+        nativeCount: { min: native.count.min, max: native.count.max },
+        maxParallelOutputs: this.config.maxParallelOutputs,
+      },
     };
     validateCapabilities(effective);
     return effective;
   }
 
+  /** Validates against the configured limits, then plans and runs the request. */
   async execute(request: ImageRequest, context: ProviderContext): Promise<ImageResponse> {
     validateRequest(request, this.limits);
+    return this.executePlan(await this.plan(request), context);
+  }
+
+  /**
+   * Resolves a request that already passed `validateRequest`: fetches the
+   * inner capabilities once and negotiates against the effective ones.
+   */
+  async plan(request: ImageRequest): Promise<FanoutPlan> {
     const native = await this.inner.capabilities(request.routing.model);
-    const negotiated = negotiateRequest(request, this.effectiveCapabilities(native));
-    const effective = negotiated.effectiveRequest;
+    const capabilities = this.effectiveCapabilities(native);
+    const negotiated = negotiateRequest(request, capabilities);
+    return {
+      request: negotiated.effectiveRequest,
+      requested: negotiated.requested,
+      normalizations: negotiated.normalizations,
+      capabilities,
+      nativeMax: native.count.max,
+    };
+  }
+
+  /** Runs a plan: one call under one permit when it fits, else the fan-out. */
+  async executePlan(plan: FanoutPlan, context: ProviderContext): Promise<ImageResponse> {
+    const request = plan.request;
     let response: ImageResponse;
-    if (effective.parameters.n <= native.count.max) {
-      const permit = await this.acquire(context);
+    if (request.parameters.n <= plan.nativeMax) {
+      let permit: Permit;
       try {
-        response = await this.inner.execute(cloneRequest(effective), context);
+        permit = await this.acquire(context.signal, context.deadline);
+      } catch (error) {
+        throw capacityWaitError(error);
+      }
+      try {
+        response = await this.inner.execute(request, context);
       } finally {
         permit.release();
       }
     } else {
-      response = await this.executeFanout(effective, context, native.count);
+      response = await this.executeFanout(request, context, plan.nativeMax);
     }
-    response.requested = negotiated.requested;
-    response.effective = { ...effective.parameters };
-    response.normalizations = [...negotiated.normalizations, ...response.normalizations];
+    response.requested = plan.requested;
+    response.effective = { ...request.parameters };
+    if (plan.normalizations.length > 0) response.normalizations = [...plan.normalizations, ...response.normalizations];
     return response;
   }
 
-  private async acquire(context: ProviderContext): Promise<Permit> {
+  /** Waits for a permit until the request deadline or the permit timeout, whichever is first. */
+  private acquire(signal: AbortSignal, requestDeadline: number): Promise<Permit> {
     const timeout = this.config.permitTimeoutMs;
-    const deadline = timeout === undefined ? context.deadline : Math.min(context.deadline, Date.now() + timeout);
-    try {
-      return await this.permits.acquire(context.signal, deadline);
-    } catch (error) {
-      if (!(error instanceof AcquireError)) throw error;
-      switch (error.reason) {
-        case "closed":
-          throw new ImageError("cancelled", "output fan-out is shutting down", { details: CAPACITY_WAIT });
-        case "aborted":
-          throw new ImageError("cancelled", "output fan-out was cancelled while waiting for capacity", {
-            details: CAPACITY_WAIT,
-          });
-        case "deadline":
-          throw new ImageError("timeout", "output fan-out timed out while waiting for capacity", {
-            retryable: true,
-            details: CAPACITY_WAIT,
-          });
-      }
-    }
+    const deadline = timeout === undefined ? requestDeadline : Math.min(requestDeadline, Date.now() + timeout);
+    return this.permits.acquire(signal, deadline);
   }
 
   private batchParallelism(request: ImageRequest): number {
@@ -164,119 +222,177 @@ export class OutputFanoutProvider implements ImageProvider {
     return 1;
   }
 
-  private async executeFanout(request: ImageRequest, context: ProviderContext, native: CountRange): Promise<ImageResponse> {
+  private async executeFanout(request: ImageRequest, context: ProviderContext, nativeMax: number): Promise<ImageResponse> {
     const started = performance.now();
     const failurePolicy = request.parameters.failurePolicy;
-    const batch = new AbortController();
-    const forwardAbort = (): void => batch.abort(context.signal.reason);
-    if (context.signal.aborted) forwardAbort();
-    else context.signal.addEventListener("abort", forwardAbort, { once: true });
+    // Fail-fast cancels the siblings of a failed chunk through its own signal.
+    const batch = failurePolicy === "fail_fast" ? new AbortController() : undefined;
+    const forwardAbort = batch ? (): void => batch.abort(context.signal.reason) : undefined;
+    if (forwardAbort) {
+      if (context.signal.aborted) forwardAbort();
+      else context.signal.addEventListener("abort", forwardAbort, { once: true });
+    }
+    const batchSignal = batch?.signal ?? context.signal;
 
-    const queue = planChunks(request.parameters.n, native.max);
-    const active = new Map<number, Promise<ChunkResult>>();
-    const results: ChunkResult[] = [];
+    const chunks = planChunks(request.parameters.n, nativeMax);
+    const results: ChunkResult[] = new Array<ChunkResult>(chunks.length);
+    const running = new Map<number, ChunkRun>();
+    // Chunks report here as they end; the loop below takes them in that order.
+    const ended: ChunkResult[] = [];
+    let taken = 0;
+    let wake: (() => void) | undefined;
+    const onEnded = (result: ChunkResult): void => {
+      ended.push(result);
+      const resume = wake;
+      wake = undefined;
+      resume?.();
+    };
+    let launched = 0;
     const launchNext = (): void => {
-      const chunk = queue.shift();
-      if (!chunk) return;
-      active.set(chunk.offset, this.executeChunk(request, context, chunk, batch.signal));
+      const index = launched;
+      const chunk = chunks[index];
+      if (chunk === undefined) return;
+      launched += 1;
+      const state: ChunkState = { dispatched: false, settled: false, abandoned: false, permit: undefined };
+      const result = this.executeChunk(state, chunk, request, context, batchSignal);
+      running.set(chunk.offset, { index, state, result });
+      void result.then(onEnded);
     };
     try {
-      for (let i = 0; i < this.batchParallelism(request); i += 1) launchNext();
-      while (active.size > 0) {
-        const result = await Promise.race(active.values());
-        active.delete(result.offset);
-        if (failurePolicy === "fail_fast" && result.error) {
-          const siblingsMayHaveRun = active.size > 0 || results.length > 0;
-          batch.abort();
-          await this.waitForSiblings([...active.values()]);
-          let error = result.error.withDetail("output_index", result.offset).withDetail("generation_ms", result.elapsedMs);
-          if (siblingsMayHaveRun) {
-            error = error
-              .withRetryable(false)
-              .withDetail("outcome", "unknown")
-              .withDetail("retry_scope", "do_not_retry_full_batch");
-          }
-          throw error;
+      for (let i = this.batchParallelism(request); i > 0; i -= 1) launchNext();
+      while (running.size > 0) {
+        if (taken === ended.length) {
+          await new Promise<void>((resolve) => {
+            wake = resolve;
+          });
         }
-        results.push(result);
+        const result = ended[taken++]!;
+        const run = running.get(result.offset)!;
+        running.delete(result.offset);
+        if (batch && !result.ok) throw await this.failFast(result, running, results, batch);
+        results[run.index] = result;
         launchNext();
       }
     } finally {
-      context.signal.removeEventListener("abort", forwardAbort);
+      if (forwardAbort) context.signal.removeEventListener("abort", forwardAbort);
     }
-    results.sort((a, b) => a.offset - b.offset);
     return aggregateChunks(request, context.requestId, failurePolicy, results, Math.round(performance.now() - started));
   }
 
-  private async waitForSiblings(siblings: Promise<ChunkResult>[]): Promise<void> {
-    if (siblings.length === 0) return;
-    let timer: ReturnType<typeof setTimeout> | undefined;
-    const grace = new Promise<void>((resolve) => {
-      timer = setTimeout(resolve, this.siblingGraceMs);
-    });
-    await Promise.race([Promise.allSettled(siblings), grace]);
-    clearTimeout(timer);
+  /**
+   * The first failed chunk of a fail-fast batch: cancels the rest, waits up
+   * to the sibling grace for them, abandons (and frees the permits of) those
+   * still running, and returns the error that stands for the batch.
+   */
+  private async failFast(
+    failed: Extract<ChunkResult, { ok: false }>,
+    running: ReadonlyMap<number, ChunkRun>,
+    finished: readonly (ChunkResult | undefined)[],
+    batch: AbortController,
+  ): Promise<ImageError> {
+    batch.abort();
+    const siblings = [...running.values()];
+    // Outputs of siblings may exist only if one of them reached upstream;
+    // chunks that were still waiting for a permit never did.
+    const siblingsMayHaveRun = siblings.some((run) => run.state.dispatched) || finished.some((result) => result !== undefined);
+    if (siblings.length > 0) {
+      const settled = await settleWithin(Promise.all(siblings.map((run) => run.result)), this.siblingGraceMs);
+      if (!settled) for (const run of siblings) this.abandon(run.state);
+    }
+    let error = failed.error.withDetail("output_index", failed.offset).withDetail("generation_ms", failed.elapsedMs);
+    if (siblingsMayHaveRun) {
+      error = error.withRetryable(false).withDetail("outcome", "unknown").withDetail("retry_scope", "do_not_retry_full_batch");
+    }
+    return error;
+  }
+
+  /** The batch stops waiting for a running chunk: its permit is freed now. */
+  private abandon(state: ChunkState): void {
+    if (state.settled || state.abandoned || !state.dispatched) return;
+    state.abandoned = true;
+    this.abandonedCalls += 1;
+    state.permit?.release();
+    state.permit = undefined;
   }
 
   private async executeChunk(
+    state: ChunkState,
+    chunk: ChunkSpec,
     request: ImageRequest,
     context: ProviderContext,
-    chunk: ChunkSpec,
     batchSignal: AbortSignal,
   ): Promise<ChunkResult> {
     const started = performance.now();
-    const chunkRequest = cloneRequest(request);
-    chunkRequest.parameters.n = chunk.count;
+    const { offset, count } = chunk;
+    let permit: Permit;
+    try {
+      permit = await this.acquire(batchSignal, context.deadline);
+    } catch (error) {
+      return { ok: false, offset, count, elapsedMs: Math.round(performance.now() - started), error: capacityWaitError(error) };
+    }
+    if (batchSignal.aborted) {
+      // Granted as the batch was cancelled: nothing goes out.
+      permit.release();
+      return { ok: false, offset, count, elapsedMs: Math.round(performance.now() - started), error: capacityWaitCancelled() };
+    }
+    state.permit = permit;
+    state.dispatched = true;
+    const chunkRequest: ImageRequest = { ...request, parameters: { ...request.parameters, n: count } };
     const outer = context.events;
-    const events: ProviderEventSink | undefined = outer
-      ? async (event) => {
-          const mapped = mapChunkEvent(event, chunk);
-          if (!mapped) return;
-          try {
-            await outer(mapped);
-          } catch {
-            // A closed outer sink must not fail the chunk.
-          }
-        }
-      : undefined;
     const chunkContext: ProviderContext = {
-      requestId: subrequestId(context.requestId, chunk.offset),
+      requestId: subrequestId(context.requestId, offset),
       deadline: context.deadline,
       signal: batchSignal,
-      ...(events ? { events } : {}),
+      ...(outer ? { events: chunkEvents(outer, chunk) } : {}),
     };
-    const elapsed = (): number => Math.round(performance.now() - started);
     try {
-      const permit = await this.acquire(chunkContext);
-      try {
-        const response = await this.inner.execute(chunkRequest, chunkContext);
-        return { offset: chunk.offset, count: chunk.count, elapsedMs: elapsed(), response };
-      } finally {
-        permit.release();
-      }
+      const response = await this.inner.execute(chunkRequest, chunkContext);
+      return { ok: true, offset, count, elapsedMs: Math.round(performance.now() - started), response };
     } catch (error) {
-      return { offset: chunk.offset, count: chunk.count, elapsedMs: elapsed(), error: toImageError(error) };
+      return { ok: false, offset, count, elapsedMs: Math.round(performance.now() - started), error: toImageError(error) };
+    } finally {
+      state.settled = true;
+      permit.release();
+      state.permit = undefined;
+      if (state.abandoned) this.abandonedCalls -= 1;
     }
-  }
-
-  checkReady(): Promise<void> {
-    return this.inner.checkReady();
-  }
-
-  getSession(key: string): Promise<SessionMetadata> {
-    return this.inner.getSession(key);
-  }
-
-  deleteSession(key: string): Promise<void> {
-    return this.inner.deleteSession(key);
-  }
-
-  restartCount(): number | undefined {
-    return this.inner.restartCount();
   }
 
   async shutdown(): Promise<void> {
     this.permits.close();
     await this.inner.shutdown();
   }
+}
+
+/** The error of a permit wait that ended without a permit. */
+function capacityWaitError(error: unknown): ImageError {
+  if (!(error instanceof AcquireError)) return toImageError(error);
+  switch (error.reason) {
+    case "closed":
+      return new ImageError("cancelled", "output fan-out is shutting down", { details: CAPACITY_WAIT });
+    case "aborted":
+      return capacityWaitCancelled();
+    case "deadline":
+      return new ImageError("timeout", "output fan-out timed out while waiting for capacity", {
+        retryable: true,
+        details: CAPACITY_WAIT,
+      });
+  }
+}
+
+function capacityWaitCancelled(): ImageError {
+  return new ImageError("cancelled", "output fan-out was cancelled while waiting for capacity", { details: CAPACITY_WAIT });
+}
+
+/** The sink a chunk's provider gets: events re-indexed into the batch; a failing outer sink never fails the chunk. */
+function chunkEvents(outer: ProviderEventSink, chunk: ChunkSpec): ProviderEventSink {
+  return async (event) => {
+    const mapped = mapChunkEvent(event, chunk);
+    if (!mapped) return;
+    try {
+      await outer(mapped);
+    } catch {
+      // A closed outer sink must not fail the chunk.
+    }
+  };
 }

@@ -1,7 +1,7 @@
 import { createHash } from "node:crypto";
 
 /** Longest sub-request id kept in the readable form. */
-export const MAX_SUBREQUEST_ID_BYTES = 128;
+const MAX_SUBREQUEST_ID_BYTES = 128;
 
 /**
  * The id of the chunk starting at `offset`: `<id>:output:<offset>`, or

@@ -9,14 +9,13 @@ import {
   type OutputFormat,
   type ProviderCapabilities,
   type ProviderDescriptor,
-  type SessionMetadata,
   type Usage,
-} from "../contract/types.js";
+} from "../model.js";
 import type { OpenAiProviderConfig } from "../config.js";
 import { ImageError, type ErrorCode } from "../core/errors.js";
-import { sessionsUnsupported, type ImageProvider, type ProviderContext } from "../core/provider.js";
+import type { ImageProvider, ProviderContext } from "../core/provider.js";
 
-export const OPENAI_PROVIDER_VERSION = "1.0.0";
+const OPENAI_PROVIDER_VERSION = "1.0.0";
 const GENERATIONS_PATH = "/v1/images/generations";
 /** Upstream error codes that mean a safety system refused. */
 const SAFETY_CODES = new Set(["moderation_blocked", "content_policy_violation", "content_filter"]);
@@ -51,7 +50,7 @@ export function parseRetryAfter(value: string | null, now = Date.now()): number 
 }
 
 /** The ImageError for an unsuccessful upstream HTTP response. */
-export function upstreamHttpError(provider: string, status: number, headers: Headers, body: UpstreamErrorBody | undefined): ImageError {
+function upstreamHttpError(provider: string, status: number, headers: Headers, body: UpstreamErrorBody | undefined): ImageError {
   const upstream = body?.error;
   const upstreamCode = upstream?.code ?? undefined;
   const upstreamRequestId = headers.get("x-request-id") ?? undefined;
@@ -375,22 +374,6 @@ export class OpenAiImageProvider implements ImageProvider {
       sha256: createHash("sha256").update(bytes).digest("hex"),
       data: new Uint8Array(bytes.buffer, bytes.byteOffset, bytes.byteLength),
     };
-  }
-
-  async checkReady(): Promise<void> {
-    this.apiKey();
-  }
-
-  async getSession(): Promise<SessionMetadata> {
-    throw sessionsUnsupported(this.config.name);
-  }
-
-  async deleteSession(): Promise<void> {
-    throw sessionsUnsupported(this.config.name);
-  }
-
-  restartCount(): number | undefined {
-    return undefined;
   }
 
   async shutdown(): Promise<void> {}

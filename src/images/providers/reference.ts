@@ -8,9 +8,10 @@ import {
   type ProviderCapabilities,
   type ProviderDescriptor,
   type SessionMetadata,
-} from "../contract/types.js";
+} from "../model.js";
 import { ImageError, type ErrorCode } from "../core/errors.js";
-import { abortableDelay, type ImageProvider, type ProviderContext } from "../core/provider.js";
+import type { ImageProvider, ProviderContext } from "../core/provider.js";
+import { delay } from "../../util/index.js";
 import { parseSize } from "../core/validation.js";
 import { renderImage, renderPreview, type RenderSpec } from "./render.js";
 
@@ -38,7 +39,7 @@ export interface ReferenceProviderConfig {
   readonly failure: ReferenceFailureInjection;
 }
 
-export const REFERENCE_PROVIDER_VERSION = "1.0.0";
+const REFERENCE_PROVIDER_VERSION = "1.0.0";
 const MAX_SESSIONS = 10_000;
 const CELLS_BY_QUALITY = { auto: 16, low: 8, medium: 16, high: 32 } as const;
 
@@ -46,6 +47,15 @@ const CELLS_BY_QUALITY = { auto: 16, low: 8, medium: 16, high: 32 } as const;
 export function outputOffsetOf(requestId: string): number {
   const match = /(?::output:|^fanout:[0-9a-f]{32}:)(\d+)$/.exec(requestId);
   return match ? Number(match[1]) : 0;
+}
+
+/** Waits `ms`; a cancellation during the wait is the `cancelled` error. */
+async function pause(ms: number, signal: AbortSignal): Promise<void> {
+  try {
+    await delay(ms, signal);
+  } catch (reason) {
+    throw new ImageError("cancelled", "the operation was cancelled", { cause: reason });
+  }
 }
 
 function sha256Hex(data: Uint8Array | string): string {
@@ -160,7 +170,7 @@ export class ReferenceProvider implements ImageProvider {
     const steps = p.partialImages;
     const slice = this.config.latencyMs / (steps + 1);
     for (let step = 0; step < steps; step += 1) {
-      await abortableDelay(slice, context.signal);
+      await pause(slice, context.signal);
       if (context.events) {
         for (let local = 0; local < p.n; local += 1) {
           const preview = await renderPreview(specFor(offset + local), step, steps);
@@ -168,7 +178,7 @@ export class ReferenceProvider implements ImageProvider {
         }
       }
     }
-    await abortableDelay(slice, context.signal);
+    await pause(slice, context.signal);
     this.injectFailure(request, offset);
 
     const data: GeneratedImage[] = [];
@@ -207,26 +217,6 @@ export class ReferenceProvider implements ImageProvider {
     if (session) response.session = session;
     await context.events?.({ type: "completed", response });
     return response;
-  }
-
-  async checkReady(): Promise<void> {}
-
-  async getSession(key: string): Promise<SessionMetadata> {
-    const thread = this.sessions.get(key);
-    if (thread === undefined) {
-      throw new ImageError("session", "session not found", { provider: this.config.name, details: { key } });
-    }
-    return { key, threadId: thread, reused: true };
-  }
-
-  async deleteSession(key: string): Promise<void> {
-    if (!this.sessions.delete(key)) {
-      throw new ImageError("session", "session not found", { provider: this.config.name, details: { key } });
-    }
-  }
-
-  restartCount(): number | undefined {
-    return undefined;
   }
 
   async shutdown(): Promise<void> {

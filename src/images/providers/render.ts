@@ -1,6 +1,6 @@
 import { createHash } from "node:crypto";
 import sharp, { type Sharp } from "sharp";
-import type { Background, OutputFormat } from "../contract/types.js";
+import type { Background, OutputFormat } from "../model.js";
 
 /** What a deterministic image is drawn from. */
 export interface RenderSpec {

@@ -25,7 +25,7 @@ export class AdmissionGate {
     private readonly limits: AdmissionLimits,
   ) {
     if (limits.maxConcurrent !== undefined && !(Number.isInteger(limits.maxConcurrent) && limits.maxConcurrent > 0)) {
-      throw new ImageError("configuration", `admission limit ${label} needs max_concurrent above 0`);
+      throw new ImageError("configuration", `admission limit ${label} needs maxConcurrent above 0`);
     }
     this.permits = limits.maxConcurrent === undefined ? undefined : new Semaphore(limits.maxConcurrent);
   }

@@ -1,5 +1,3 @@
-import { ImageError, isBreakerFailure, type ErrorCode } from "../core/errors.js";
-
 export interface CircuitBreakerConfig {
   readonly enabled: boolean;
   readonly failureThreshold: number;
@@ -26,14 +24,36 @@ export interface CircuitSnapshot {
   readonly transitions: number;
 }
 
-/** One admitted call; report its outcome once, or abandon it. */
+/** How one finished call counts: a success, a provider failure, or neither. */
+export type CallVerdict = "success" | "failure" | "neutral";
+
+/**
+ * Decides how a call that ended with `error` counts. The breaker knows
+ * nothing about error types; its owner does.
+ */
+export type ErrorClassifier = (error: unknown) => CallVerdict;
+
+/** One admitted call; report how it ended once, or abandon it. */
 export interface BreakerPermit {
-  /** `undefined` for success, otherwise the error code of the failure. */
-  record(outcome: ErrorCode | undefined): void;
+  succeeded(): void;
+  /** The call failed with `error`; the classifier decides how that counts. */
+  failed(error: unknown): void;
+  /** The call says nothing about the provider (it never reached it, or the caller left). */
   abandon(): void;
 }
 
-const NOOP_PERMIT: BreakerPermit = { record: () => undefined, abandon: () => undefined };
+/** Whether a call may go ahead, and when not, why. */
+export type BreakerAdmission =
+  | { readonly admitted: true; readonly permit: BreakerPermit }
+  | {
+      readonly admitted: false;
+      readonly state: "open" | "half_open";
+      /** Until the circuit half-opens; absent while half-open probes run. */
+      readonly retryAfterMs?: number;
+    };
+
+const NOOP_PERMIT: BreakerPermit = { succeeded: () => undefined, failed: () => undefined, abandon: () => undefined };
+const ALWAYS_ADMITTED: BreakerAdmission = { admitted: true, permit: NOOP_PERMIT };
 
 /**
  * A per-provider circuit breaker. Results of permits issued before the last
@@ -53,13 +73,16 @@ export class CircuitBreaker {
   constructor(
     readonly provider: string,
     private readonly config: CircuitBreakerConfig,
+    private readonly classify: ErrorClassifier,
     private readonly now: () => number = Date.now,
   ) {
     if (
       config.enabled &&
       !(config.failureThreshold > 0 && config.openDurationMs > 0 && config.halfOpenMaxCalls > 0 && config.successThreshold > 0)
     ) {
-      throw new ImageError("configuration", `circuit breaker limits for ${provider} must be above 0`);
+      throw new RangeError(
+        `circuitBreaker of ${provider}: failureThreshold, openDurationMs, halfOpenMaxCalls and successThreshold must be above 0`,
+      );
     }
   }
 
@@ -88,45 +111,38 @@ export class CircuitBreaker {
     if (next === "closed") this.consecutiveFailures = 0;
   }
 
-  /** Admits a call or throws `overloaded` when the circuit refuses it. */
-  acquire(): BreakerPermit {
-    if (!this.config.enabled) return NOOP_PERMIT;
+  /** Admits a call, or says why the circuit refuses it (counted in rejectedCalls). */
+  admit(): BreakerAdmission {
+    if (!this.config.enabled) return ALWAYS_ADMITTED;
     if (this.state === "open") {
       const remaining = this.openedAt + this.config.openDurationMs - this.now();
       if (remaining > 0) {
         this.rejectedCalls += 1;
-        throw new ImageError("overloaded", "the provider's circuit is open", {
-          retryable: true,
-          provider: this.provider,
-          details: { circuit_state: "open", retry_after_ms: remaining },
-        });
+        return { admitted: false, state: "open", retryAfterMs: remaining };
       }
       this.transition("half_open");
     }
     if (this.state === "half_open") {
       if (this.probesInFlight >= this.config.halfOpenMaxCalls) {
         this.rejectedCalls += 1;
-        throw new ImageError("overloaded", "the provider's circuit is half open and probing", {
-          retryable: true,
-          provider: this.provider,
-          details: { circuit_state: "half_open" },
-        });
+        return { admitted: false, state: "half_open" };
       }
       this.probesInFlight += 1;
-      return this.permit(this.epoch, true);
+      return { admitted: true, permit: this.permit(this.epoch, true) };
     }
-    return this.permit(this.epoch, false);
+    return { admitted: true, permit: this.permit(this.epoch, false) };
   }
 
   private permit(epoch: number, probe: boolean): BreakerPermit {
     let done = false;
+    const finish = (verdict: CallVerdict): void => {
+      if (done) return;
+      done = true;
+      if (epoch === this.epoch) this.onResult(verdict, probe);
+    };
     return {
-      record: (outcome) => {
-        if (done) return;
-        done = true;
-        if (epoch !== this.epoch) return;
-        this.onResult(outcome, probe);
-      },
+      succeeded: () => finish("success"),
+      failed: (error) => finish(this.classify(error)),
       abandon: () => {
         if (done) return;
         done = true;
@@ -135,8 +151,7 @@ export class CircuitBreaker {
     };
   }
 
-  private onResult(outcome: ErrorCode | undefined, probe: boolean): void {
-    const kind = outcome === undefined ? "success" : isBreakerFailure(outcome) ? "failure" : "neutral";
+  private onResult(kind: CallVerdict, probe: boolean): void {
     if (this.state === "closed") {
       if (kind === "success") this.consecutiveFailures = 0;
       else if (kind === "failure") {

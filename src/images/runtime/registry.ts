@@ -1,14 +1,14 @@
-import type { ImageProvider } from "../core/provider.js";
 import { ImageError } from "../core/errors.js";
+import type { OutputFanoutProvider } from "../fanout/provider.js";
 import type { AdmissionGate } from "./admission.js";
 import type { CircuitBreaker } from "./circuit-breaker.js";
 
-export const PROVIDER_NAME_PATTERN = /^[a-z][a-z0-9-]{0,63}$/;
+const PROVIDER_NAME_PATTERN = /^[a-z][a-z0-9-]{0,63}$/;
 
-/** A provider with its own bulkhead and breaker. */
+/** A provider, behind its fan-out decorator, with its own bulkhead and breaker. */
 export interface RegisteredProvider {
   readonly name: string;
-  readonly provider: ImageProvider;
+  readonly provider: OutputFanoutProvider;
   readonly gate: AdmissionGate;
   readonly breaker: CircuitBreaker;
 }

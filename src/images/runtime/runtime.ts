@@ -1,9 +1,11 @@
-import { cloneRequest, type ImageRequest, type ImageResponse, type ProviderCapabilities } from "../contract/types.js";
-import { validateCapabilities } from "../core/capabilities.js";
+import type { GenerationParameters, ImageRequest, ImageResponse, ProviderCapabilities } from "../model.js";
 import { ImageError, toImageError } from "../core/errors.js";
 import type { ProviderEventSink } from "../core/provider.js";
 import { validateRequest, type RequestLimits } from "../core/validation.js";
+import type { FanoutPlan } from "../fanout/provider.js";
+import { raceAbort, settleWithin } from "../../util/index.js";
 import { AdmissionGate, type AdmissionLimits } from "./admission.js";
+import type { BreakerAdmission } from "./circuit-breaker.js";
 import type { ProviderRegistry, RegisteredProvider } from "./registry.js";
 
 export interface ImageRuntimeOptions {
@@ -17,11 +19,17 @@ export interface ImageRuntimeOptions {
   readonly onOutcome?: (outcome: RuntimeOutcome) => void;
 }
 
-export interface RuntimeOutcome {
-  readonly provider: string;
-  readonly generated: number;
-  readonly failed: number;
-  readonly error?: ImageError;
+/** How one request that reached a provider's breaker ended. */
+export type RuntimeOutcome =
+  | { readonly ok: true; readonly provider: string; readonly generated: number; readonly failed: number }
+  | { readonly ok: false; readonly provider: string; readonly failed: number; readonly error: ImageError };
+
+/** A request that passed validation, with its provider and deadline. */
+export interface PreparedRequest {
+  readonly request: ImageRequest;
+  readonly entry: RegisteredProvider;
+  /** Absolute deadline in epoch milliseconds. */
+  readonly deadline: number;
 }
 
 export interface ExecuteOptions {
@@ -31,7 +39,6 @@ export interface ExecuteOptions {
   readonly events?: ProviderEventSink;
 }
 
-const GRACE_EXPIRED = Symbol("grace-expired");
 /** gRPC's DEADLINE_EXCEEDED, as carried by connect's abort reasons. */
 const GRPC_DEADLINE_EXCEEDED = 4;
 
@@ -45,21 +52,47 @@ function outputSetError(message: string): ImageError {
   return new ImageError("protocol", message);
 }
 
-/** The output set must be exactly 0..n, ascending, with failures only under best effort. */
-export function checkOutputSet(request: ImageRequest, response: ImageResponse): void {
-  const n = request.parameters.n;
-  if (response.failures.length > 0 && request.parameters.failurePolicy !== "best_effort") {
+/** Marks `index` in `seen`; false when it is out of range or seen before. */
+function markOnce(seen: Uint8Array, index: number): boolean {
+  if (!Number.isInteger(index) || index < 0 || index >= seen.length || seen[index] !== 0) return false;
+  seen[index] = 1;
+  return true;
+}
+
+/**
+ * The output set of a response to `parameters` must be exactly 0..n,
+ * ascending, with failures only under best effort.
+ */
+export function checkOutputSet(parameters: Pick<GenerationParameters, "n" | "failurePolicy">, response: ImageResponse): void {
+  const n = parameters.n;
+  if (response.failures.length > 0 && parameters.failurePolicy !== "best_effort") {
     throw outputSetError("provider returned partial failures under fail-fast policy");
   }
   if (response.data.length + response.failures.length !== n) throw outputSetError("provider returned the wrong number of outputs");
-  const indices = [...response.data.map((image) => image.index), ...response.failures.map((failure) => failure.index)];
-  const sorted = [...indices].sort((a, b) => a - b);
-  if (!sorted.every((index, position) => index === position)) throw outputSetError("provider returned an invalid output set");
+  const seen = new Uint8Array(n);
+  for (const image of response.data) if (!markOnce(seen, image.index)) throw outputSetError("provider returned an invalid output set");
+  for (const failure of response.failures) if (!markOnce(seen, failure.index)) throw outputSetError("provider returned an invalid output set");
   for (const list of [response.data, response.failures]) {
     for (let i = 1; i < list.length; i += 1) {
       if (list[i]!.index <= list[i - 1]!.index) throw outputSetError("provider outputs are not in ascending order");
     }
   }
+}
+
+/** The `overloaded` error of a call the provider's circuit refused. */
+function circuitRefusal(provider: string, refusal: Extract<BreakerAdmission, { admitted: false }>): ImageError {
+  if (refusal.state === "open") {
+    return new ImageError("overloaded", "the provider's circuit is open", {
+      retryable: true,
+      provider,
+      details: { circuit_state: "open", retry_after_ms: refusal.retryAfterMs ?? 0 },
+    });
+  }
+  return new ImageError("overloaded", "the provider's circuit is half open and probing", {
+    retryable: true,
+    provider,
+    details: { circuit_state: "half_open" },
+  });
 }
 
 /**
@@ -100,21 +133,29 @@ export class ImageRuntime {
         details: { expected: entry.name, actual: capabilities.provider },
       });
     }
-    validateCapabilities(capabilities);
   }
 
-  /** Resolves the request's provider and the deadline it runs under. */
-  prepare(request: ImageRequest): { entry: RegisteredProvider; deadline: number } {
+  /**
+   * Validates a request once and resolves its provider and deadline; throws
+   * before anything else happens when it cannot run.
+   */
+  prepare(request: ImageRequest): PreparedRequest {
     if (this.shutdownController.signal.aborted) throw new ImageError("cancelled", "runtime is shutting down");
     validateRequest(request, this.options.limits);
     const entry = this.registry.resolve(request.routing.provider);
     const deadline = Date.now() + (request.timeoutMs ?? this.options.defaultTimeoutMs);
-    return { entry, deadline };
+    return { request, entry, deadline };
   }
 
+  /** `prepare` and `run` in one step. */
   async execute(request: ImageRequest, options: ExecuteOptions): Promise<ImageResponse> {
+    return this.run(this.prepare(request), options);
+  }
+
+  /** Runs a prepared request through the gates, the breaker and the provider. */
+  async run(prepared: PreparedRequest, options: ExecuteOptions): Promise<ImageResponse> {
     const started = performance.now();
-    const { entry, deadline } = this.prepare(request);
+    const { request, entry, deadline } = prepared;
     // One signal for caller cancellation, the deadline and shutdown.
     const operation = AbortSignal.any([
       options.signal,
@@ -123,64 +164,61 @@ export class ImageRuntime {
     ]);
     const globalPermit = await this.globalGate.acquire(operation, deadline);
     try {
-      let breakerPermit;
-      try {
-        breakerPermit = entry.breaker.acquire();
-      } catch (error) {
-        this.options.onOutcome?.({ provider: entry.name, generated: 0, failed: request.parameters.n, error: toImageError(error) });
+      const admission = entry.breaker.admit();
+      if (!admission.admitted) {
+        const error = circuitRefusal(entry.name, admission);
+        this.options.onOutcome?.({ ok: false, provider: entry.name, failed: request.parameters.n, error });
         throw error;
       }
-      let outcome: ImageError | undefined;
+      const breaker = admission.permit;
       let dispatched = false;
       try {
         const queueStarted = performance.now();
         const providerPermit = await entry.gate.acquire(operation, deadline);
         const queueMs = Math.round(performance.now() - queueStarted);
+        let plan: FanoutPlan;
+        let response: ImageResponse;
+        let providerMs: number;
         try {
-          const capabilities = await entry.provider.capabilities(request.routing.model);
-          this.checkIdentity(entry, capabilities);
-          const routed = cloneRequest(request);
-          routed.routing = { provider: entry.name, ...(request.routing.model !== undefined ? { model: request.routing.model } : {}) };
+          // The provider sees its own name, also when the request named none.
+          const routed =
+            request.routing.provider === entry.name ? request : { ...request, routing: { ...request.routing, provider: entry.name } };
+          plan = await entry.provider.plan(routed);
+          this.checkIdentity(entry, plan.capabilities);
           const providerStarted = performance.now();
           dispatched = true;
-          const response = await this.runProvider(entry, routed, operation, deadline, options);
-          if (capabilities.model !== undefined && response.model !== capabilities.model) {
-            throw new ImageError("protocol", "provider answered with a different model", {
-              provider: entry.name,
-              details: { expected: capabilities.model, actual: response.model },
-            });
-          }
-          checkOutputSet({ ...routed, parameters: response.effective }, response);
-          response.id = options.requestId;
-          response.provider = entry.name;
-          if (request.policies.revisedPrompt === "omit") delete response.revisedPrompt;
-          if (request.responseFormat === "metadata") for (const image of response.data) delete image.data;
-          response.timings = {
-            ...response.timings,
-            queueMs,
-            providerMs: Math.round(performance.now() - providerStarted),
-            totalMs: Math.round(performance.now() - started),
-          };
-          this.options.onOutcome?.({ provider: entry.name, generated: response.data.length, failed: response.failures.length });
-          return response;
+          response = await this.runProvider(entry, plan, operation, deadline, options);
+          providerMs = Math.round(performance.now() - providerStarted);
         } finally {
           providerPermit.release();
         }
-      } catch (error) {
-        outcome = toImageError(error);
-        if (outcome.provider === undefined && outcome.code !== "invalid_request") outcome = outcome.withProvider(entry.name);
-        this.options.onOutcome?.({ provider: entry.name, generated: 0, failed: request.parameters.n, error: outcome });
-        throw outcome;
-      } finally {
-        const callerGone = outcome !== undefined && (outcome.code === "cancelled" || outcome.code === "timeout") && options.signal.aborted;
-        // A wait for our own fan-out capacity that ended before any call went out.
-        const neverSent = outcome !== undefined && outcome.details["stage"] === "capacity_wait" && outcome.details["outcome"] === undefined;
-        if (callerGone || neverSent || (outcome !== undefined && !dispatched)) {
-          // A caller that went away, or our own full queue, says nothing about the provider.
-          breakerPermit.abandon();
-        } else {
-          breakerPermit.record(outcome?.code);
+        const model = plan.capabilities.model;
+        if (model !== undefined && response.model !== model) {
+          throw new ImageError("protocol", "provider answered with a different model", {
+            provider: entry.name,
+            details: { expected: model, actual: response.model },
+          });
         }
+        checkOutputSet(response.effective, response);
+        response.id = options.requestId;
+        response.provider = entry.name;
+        if (request.policies.revisedPrompt === "omit") delete response.revisedPrompt;
+        if (request.responseFormat === "metadata") for (const image of response.data) delete image.data;
+        response.timings = { ...response.timings, queueMs, providerMs, totalMs: Math.round(performance.now() - started) };
+        breaker.succeeded();
+        this.options.onOutcome?.({ ok: true, provider: entry.name, generated: response.data.length, failed: response.failures.length });
+        return response;
+      } catch (error) {
+        let failure = toImageError(error);
+        if (failure.provider === undefined && failure.code !== "invalid_request") failure = failure.withProvider(entry.name);
+        const callerGone = (failure.code === "cancelled" || failure.code === "timeout") && options.signal.aborted;
+        // A wait for our own fan-out capacity that ended before any call went out.
+        const neverSent = failure.details["stage"] === "capacity_wait" && failure.details["outcome"] === undefined;
+        // A caller that went away, or our own full queue, says nothing about the provider.
+        if (callerGone || neverSent || !dispatched) breaker.abandon();
+        else breaker.failed(failure);
+        this.options.onOutcome?.({ ok: false, provider: entry.name, failed: request.parameters.n, error: failure });
+        throw failure;
       }
     } finally {
       globalPermit.release();
@@ -193,30 +231,27 @@ export class ImageRuntime {
    */
   private async runProvider(
     entry: RegisteredProvider,
-    request: ImageRequest,
+    plan: FanoutPlan,
     operation: AbortSignal,
     deadline: number,
     options: ExecuteOptions,
   ): Promise<ImageResponse> {
-    const execution = entry.provider.execute(request, {
+    const execution = entry.provider.executePlan(plan, {
       requestId: options.requestId,
       deadline,
       signal: operation,
       ...(options.events ? { events: options.events } : {}),
     });
-    let timer: ReturnType<typeof setTimeout> | undefined;
-    let onAbort: (() => void) | undefined;
-    const grace = new Promise<typeof GRACE_EXPIRED>((resolve) => {
-      onAbort = () => {
-        timer = setTimeout(() => resolve(GRACE_EXPIRED), this.options.cancellationGraceMs);
-      };
-      if (operation.aborted) onAbort();
-      else operation.addEventListener("abort", onAbort, { once: true });
-    });
     try {
-      const result = await Promise.race([execution, grace]);
-      if (result === GRACE_EXPIRED) throw this.interruption(operation, deadline);
-      return result;
+      return await raceAbort(execution, operation);
+    } catch {
+      if (operation.aborted && !(await settleWithin(execution, this.options.cancellationGraceMs))) {
+        throw this.interruption(operation, deadline);
+      }
+    }
+    // It settled: failed on its own, or within the grace.
+    try {
+      return await execution;
     } catch (error) {
       const failure = toImageError(error);
       if (failure.details["outcome"] !== undefined || failure.details["stage"] === "capacity_wait") throw failure;
@@ -224,10 +259,6 @@ export class ImageRuntime {
         throw this.interruption(operation, deadline, failure);
       }
       throw failure;
-    } finally {
-      clearTimeout(timer);
-      if (onAbort) operation.removeEventListener("abort", onAbort);
-      execution.catch(() => undefined);
     }
   }
 

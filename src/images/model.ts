@@ -1,9 +1,9 @@
-import type { ImageError } from "../core/errors.js";
+import type { ImageError } from "./core/errors.js";
 
 /**
- * The image contract as the core works with it: plain objects whose enum
- * values are the reference's snake_case wire strings. `wire.ts` converts to
- * and from the protobuf messages.
+ * The image domain model: plain objects whose enum values are the
+ * reference's snake_case wire strings. `proto-convert.ts` converts to and
+ * from the protobuf messages.
  */
 
 export type Quality = "auto" | "low" | "medium" | "high";
@@ -83,8 +83,8 @@ export interface ImageRequest {
   responseFormat: ResponseFormat;
 }
 
-/** Every default of the contract, for building requests in code and tests. */
-export function defaultParameters(): GenerationParameters {
+/** The contract's default parameters. */
+function defaultParameters(): GenerationParameters {
   return {
     n: 1,
     size: "auto",
@@ -293,10 +293,6 @@ export interface ProviderCapabilities {
   partialImages: CountRange;
   persistentSessions: boolean;
   explicitThreads: boolean;
-}
-
-export function cloneCapabilities(capabilities: ProviderCapabilities): ProviderCapabilities {
-  return structuredClone(capabilities);
 }
 
 export interface ProviderDescriptor {

@@ -1,14 +1,15 @@
 /**
- * Conversion between the protobuf messages of mmgate.images.v1 and the core
- * model. Enums map by name (FAIL_FAST ⇄ "fail_fast"); UNSPECIFIED means the
- * contract default; unknown enum numbers are request issues.
+ * Conversion between the protobuf messages of mmgate.images.v1 and the
+ * model (`model.ts`), and of ImageError to its gRPC status. Enums map by
+ * name (FAIL_FAST ⇄ "fail_fast"); UNSPECIFIED means the contract default;
+ * unknown enum numbers are request issues.
  */
-import { create, fromJson, toJson, type JsonObject } from "@bufbuild/protobuf";
+import { create, fromJson, type JsonObject } from "@bufbuild/protobuf";
 import { ValueSchema } from "@bufbuild/protobuf/wkt";
 import { Code, ConnectError } from "@connectrpc/connect";
 import * as pb from "../../gen/mmgate/images/v1/images_pb.js";
 import * as caps from "../../gen/mmgate/images/v1/capabilities_pb.js";
-import type * as m from "./contract/types.js";
+import type * as m from "./model.js";
 import { ImageError, type ErrorCode } from "./core/errors.js";
 import { collectIssues, type RequestLimits, type ValidationIssue } from "./core/validation.js";
 
@@ -174,7 +175,7 @@ export function requestFromProto(request: pb.ImageRequest | undefined, limits?: 
   return out;
 }
 
-export function parametersToProto(p: m.GenerationParameters): pb.GenerationParameters {
+function parametersToProto(p: m.GenerationParameters): pb.GenerationParameters {
   return create(pb.GenerationParametersSchema, {
     n: p.n,
     size: p.size,
@@ -192,7 +193,7 @@ export function parametersToProto(p: m.GenerationParameters): pb.GenerationParam
   });
 }
 
-export function errorCodeToProto(code: ErrorCode): pb.ErrorCode {
+function errorCodeToProto(code: ErrorCode): pb.ErrorCode {
   return enumToProto(pb.ErrorCode, code);
 }
 
@@ -209,16 +210,6 @@ export function errorToProto(error: ImageError): pb.ErrorDetail {
     ...(error.upstreamRequestId !== undefined ? { upstreamRequestId: error.upstreamRequestId } : {}),
     ...(Object.keys(error.details).length > 0 ? { details: { ...error.details } as JsonObject } : {}),
     suggestions: [...error.suggestions],
-  });
-}
-
-export function errorFromProto(detail: pb.ErrorDetail): ImageError {
-  return new ImageError(errorCodeFromProto(detail.code), detail.message, {
-    retryable: detail.retryable,
-    ...(detail.provider !== undefined ? { provider: detail.provider } : {}),
-    ...(detail.upstreamRequestId !== undefined ? { upstreamRequestId: detail.upstreamRequestId } : {}),
-    details: (detail.details ?? {}) as Record<string, m.JsonValue>,
-    suggestions: detail.suggestions,
   });
 }
 
@@ -290,11 +281,6 @@ export function responseToProto(response: m.ImageResponse, format: m.ResponseFor
     }),
     warnings: [...response.warnings],
   });
-}
-
-/** A normalization value as plain JSON, for clients. */
-export function valueToJson(value: pb.Normalization["requested"]): m.JsonValue | undefined {
-  return value === undefined ? undefined : (toJson(ValueSchema, value) as m.JsonValue);
 }
 
 function rangeToProto(range: m.CountRange): caps.CountRange {
@@ -390,4 +376,12 @@ export function toConnectError(error: ImageError): ConnectError {
   return new ConnectError(error.message, GRPC_STATUS[error.code], metadata, [
     { desc: pb.ErrorDetailSchema, value: errorToProto(error) },
   ]);
+}
+
+/**
+ * The images module's error mapper: an ImageError becomes its status and
+ * ErrorDetail; anything else is left to the host (logged, INTERNAL).
+ */
+export function mapImageError(error: unknown): ConnectError | undefined {
+  return error instanceof ImageError ? toConnectError(error) : undefined;
 }
