@@ -28,9 +28,8 @@ import { ImageService } from "../gen/mmgate/images/v1/image_service_pb.js";
 import { ResponseFormat } from "../gen/mmgate/images/v1/images_pb.js";
 import {
   createImageRequest,
-  createImagesInstance,
+  defineImagesModule,
   DEFAULT_REQUEST_LIMITS,
-  imagesConfigSchema,
   OutputFanoutProvider,
   zeroTimings,
   type ImageProvider,
@@ -39,7 +38,7 @@ import {
   type ProviderCapabilities,
   type ProviderContext,
 } from "../src/images/index.js";
-import { defineModule, resolveConfig, startHost } from "../src/server/index.js";
+import { resolveConfig, startHost } from "../src/server/index.js";
 
 const LATENCY_MS = 50;
 const N = 8;
@@ -238,12 +237,7 @@ const started = performance.now();
 
 // --- the same over gRPC ------------------------------------------------------
 {
-  const module = defineModule({
-    name: "images",
-    description: "bench",
-    configSchema: imagesConfigSchema,
-    create: (ctx) => createImagesInstance(ctx, { extraProviders: [new BenchProvider(latency)] }),
-  });
+  const module = defineImagesModule({ extraProviders: [new BenchProvider(latency)] });
   const config = resolveConfig(
     {
       listen: "127.0.0.1:0",

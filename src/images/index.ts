@@ -19,7 +19,7 @@ export type ImagesModuleOptions = Omit<BuildOptions, "onOutcome">;
  * Starts the capability: providers, runtime, metrics and the service
  * binding. `options` lets embedders and tests add providers in code.
  */
-export function createImagesInstance(
+function createImagesInstance(
   ctx: ModuleContext<ImagesConfig>,
   options: ImagesModuleOptions = {},
 ): ModuleInstance & { runtime: ImageRuntime } {
