@@ -34,7 +34,7 @@ export interface Resolver {
 }
 
 /** `members` as a committed list: sorted by id, frozen. */
-export function committedMembers(members: readonly Member[]): readonly Member[] {
+function committedMembers(members: readonly Member[]): readonly Member[] {
   return Object.freeze(
     [...members]
       .sort((a, b) => (a.id < b.id ? -1 : a.id > b.id ? 1 : 0))
@@ -43,7 +43,7 @@ export function committedMembers(members: readonly Member[]): readonly Member[] 
 }
 
 /** Whether two committed (sorted) lists hold the same members, addresses and metadata. */
-export function sameMembers(a: readonly Member[], b: readonly Member[]): boolean {
+function sameMembers(a: readonly Member[], b: readonly Member[]): boolean {
   if (a.length !== b.length) return false;
   return a.every((m, i) => {
     const o = b[i]!;

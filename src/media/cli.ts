@@ -167,7 +167,7 @@ interface HashOpts {
 }
 
 /** The canonical hash computed in this process, as HashTensor computes it. */
-export async function hashFacts(opts: HashOpts): Promise<Facts> {
+async function hashFacts(opts: HashOpts): Promise<Facts> {
   const bytes = opts.hex ?? (opts.file ? new Uint8Array(await readFile(opts.file)) : new Uint8Array(0));
   const shape = opts.shape;
   if (opts.videoMetadata) {

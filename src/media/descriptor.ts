@@ -30,8 +30,8 @@ export interface TransferAgent {
   readonly endpoint: string;
 }
 
-export const AGENT_BACKEND = "mmgate-tensor-store";
-export const AGENT_SERVICE = "mmgate.media.v1.MediaService";
+const AGENT_BACKEND = "mmgate-tensor-store";
+const AGENT_SERVICE = "mmgate.media.v1.MediaService";
 
 export function newTransferAgent(endpoint: string): TransferAgent {
   return { name: `media-loader-${randomUUID()}`, endpoint };

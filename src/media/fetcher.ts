@@ -25,7 +25,7 @@ export interface ResolvedAddress {
 /** Name resolution, replaceable in tests. */
 export type Resolver = (host: string) => Promise<readonly ResolvedAddress[]>;
 
-export const systemResolver: Resolver = async (host) => {
+const systemResolver: Resolver = async (host) => {
   const found = await dns.promises.lookup(host, { all: true, verbatim: true });
   return found.map((a) => ({ address: a.address, family: a.family === 6 ? 6 : 4 }));
 };

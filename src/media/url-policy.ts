@@ -101,7 +101,7 @@ export function isBlockedIp(address: string, allowedIpNetworks: readonly string[
 }
 
 /** Lower-cased, trailing dot stripped, then looked up in BLOCKED_HOSTS. */
-export function isBlockedHostName(host: string): boolean {
+function isBlockedHostName(host: string): boolean {
   return BLOCKED_HOSTS.includes(host.toLowerCase().replace(/\.$/, ""));
 }
 

@@ -49,7 +49,7 @@ export function videoMetadataFromProto(m: VideoMetadataPb): VideoMetadata {
   };
 }
 
-export function videoMetadataToProto(m: VideoMetadata): MessageInitShape<typeof VideoMetadataSchema> {
+function videoMetadataToProto(m: VideoMetadata): MessageInitShape<typeof VideoMetadataSchema> {
   return {
     sourceFps: m.source_fps,
     sourceDuration: m.source_duration,

@@ -52,7 +52,7 @@ function existing<T>(registry: Registry, name: string, kind: abstract new (...ar
 }
 
 /** "NOT_FOUND" style names, as the gRPC status documentation spells them. */
-export function grpcCodeName(code: Code | 0): string {
+function grpcCodeName(code: Code | 0): string {
   return code === 0 ? "OK" : codeToString(code).toUpperCase();
 }
 

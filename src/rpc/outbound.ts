@@ -3,7 +3,7 @@ import type { Interceptor, Transport } from "@connectrpc/connect";
 import { callContextKey } from "./context.js";
 
 /** Sends the call context's request id as `x-request-id`, unless the caller set that header itself. */
-export const requestIdInterceptor: Interceptor = (next) => (req) => {
+const requestIdInterceptor: Interceptor = (next) => (req) => {
   const { requestId } = req.contextValues.get(callContextKey);
   if (requestId !== undefined && requestId !== "" && !req.header.has("x-request-id")) req.header.set("x-request-id", requestId);
   return next(req);
@@ -28,7 +28,7 @@ function stripProtocolHeaders(error: unknown): unknown {
  * grpc-status as its own response headers (which breaks the response for a
  * Connect or gRPC-Web caller).
  */
-export const errorMetadataInterceptor: Interceptor = (next) => async (req) => {
+const errorMetadataInterceptor: Interceptor = (next) => async (req) => {
   let res;
   try {
     res = await next(req);

@@ -136,7 +136,7 @@ const ENV_IGNORED = new Set(["MMGATE_CONFIG"]);
  * `MMGATE_LIMITS__MAX_RECEIVE_MESSAGE_BYTES` → `limits.maxReceiveMessageBytes`:
  * `__` separates levels, single `_` separates words.
  */
-export function envNameToPath(name: string): string {
+function envNameToPath(name: string): string {
   return name
     .slice("MMGATE_".length)
     .split("__")
@@ -239,7 +239,7 @@ function formatIssues(error: z.ZodError, prefix: string, origins: ReadonlyMap<st
 }
 
 /** The first-level keys a config may have with these modules. */
-export function topLevelConfigKeys(modules: readonly ServiceModule[]): Set<string> {
+function topLevelConfigKeys(modules: readonly ServiceModule[]): Set<string> {
   return new Set([...Object.keys(hostConfigSchema.shape), "modules", "services", ...modules.map((m) => m.name)]);
 }
 

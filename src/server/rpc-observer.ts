@@ -32,7 +32,7 @@ export function requestIdOf(ctx: { values: ContextValues; requestHeader: Headers
 const REQUEST_ID = /^[A-Za-z0-9._:@/+=-]{1,128}$/;
 
 /** A client's x-request-id when it is sane, else a fresh one. */
-export function requestIdFrom(headers: IncomingHttpHeaders): string {
+function requestIdFrom(headers: IncomingHttpHeaders): string {
   const given = headers["x-request-id"];
   return typeof given === "string" && REQUEST_ID.test(given) ? given : randomUUID();
 }

@@ -15,7 +15,7 @@ export interface TaskOptions {
   readonly resetAfterMs?: number;
 }
 
-export const DEFAULT_TASK_OPTIONS: Required<TaskOptions> = { minBackoffMs: 100, maxBackoffMs: 30_000, resetAfterMs: 60_000 };
+const DEFAULT_TASK_OPTIONS: Required<TaskOptions> = { minBackoffMs: 100, maxBackoffMs: 30_000, resetAfterMs: 60_000 };
 
 /**
  * The wait before restart number `failures` (1-based): exponential from
