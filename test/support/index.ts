@@ -1,0 +1,7 @@
+/** The test helpers, in one import. */
+export * from "./cli.js";
+export * from "./clock.js";
+export * from "./eventually.js";
+export * from "./rejection.js";
+export * from "./server.js";
+export * from "./split.js";
