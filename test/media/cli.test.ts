@@ -4,28 +4,13 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { mediaCommand } from "../../src/media/cli.js";
 import { mediaModule } from "../../src/media/index.js";
-import { startServer, type InProcessServer } from "../support/server.js";
+import { captureOutput, startServer, type InProcessServer } from "../support/index.js";
 import { encodeRaw, pattern } from "./fixtures.js";
 
 /** Runs `mmgate media …` in this process and captures what it prints. */
 async function run(args: string[]): Promise<{ out: string; err: string; code: number }> {
-  const out: string[] = [];
-  const err: string[] = [];
-  const origOut = process.stdout.write.bind(process.stdout);
-  const origErr = process.stderr.write.bind(process.stderr);
-  const before = process.exitCode;
-  process.exitCode = undefined;
-  process.stdout.write = ((chunk: string) => (out.push(String(chunk)), true)) as typeof process.stdout.write;
-  process.stderr.write = ((chunk: string) => (err.push(String(chunk)), true)) as typeof process.stderr.write;
-  try {
-    await mediaCommand().exitOverride().parseAsync(args, { from: "user" });
-  } finally {
-    process.stdout.write = origOut;
-    process.stderr.write = origErr;
-  }
-  const code = Number(process.exitCode ?? 0);
-  process.exitCode = before;
-  return { out: out.join(""), err: err.join(""), code };
+  const { stdout, stderr, code } = await captureOutput(() => mediaCommand().exitOverride().parseAsync(args, { from: "user" }));
+  return { out: stdout, err: stderr, code };
 }
 
 describe("mmgate media CLI", function () {

@@ -1,63 +1,117 @@
-import { execFile, spawn } from "node:child_process";
-import { createInterface } from "node:readline";
-import { createClient } from "@connectrpc/connect";
-import { AdminService } from "../../gen/mmgate/admin/v1/admin_pb.js";
-import { mkdtempSync, writeFileSync } from "node:fs";
+import { mkdtemp, readFile, rm, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { promisify } from "node:util";
+import { createClient } from "@connectrpc/connect";
 import { expect } from "chai";
-import type { ChildServer } from "../support/server.js";
-import { repoRoot, startChildServer } from "../support/server.js";
+import { Help } from "commander";
+import { AdminService } from "../../gen/mmgate/admin/v1/admin_pb.js";
+import { subcommands } from "../../src/cli/main.js";
+import { builtinModules } from "../../src/modules.js";
+import type { ConfigSources } from "../../src/server/index.js";
+import { ConfigError, loadConfig, parseScalar, redactedConfig } from "../../src/server/index.js";
+import type { CliResult, InProcessServer } from "../support/index.js";
+import { eventually, expectRejection, repoRoot, runMmgate, spawnMmgate, startServer } from "../support/index.js";
 
-const execFileAsync = promisify(execFile);
+const ADMIN = "mmgate.admin.v1.AdminService";
 
-/** Runs the mmgate executable; resolves with exit code and output, never rejects. */
-async function mmgate(args: string[], env: Record<string, string> = {}) {
-  try {
-    const { stdout, stderr } = await execFileAsync(process.execPath, [`${repoRoot}bin/mmgate.js`, ...args], {
-      cwd: repoRoot,
-      env: { ...process.env, ...env },
-    });
-    return { code: 0, stdout, stderr };
-  } catch (err) {
-    const e = err as { code: number; stdout: string; stderr: string };
-    return { code: e.code, stdout: e.stdout, stderr: e.stderr };
-  }
+/** Modules that `version`, `--help` and `health` must not load. */
+const HEAVY = /\/node_modules\/sharp\/|\/src\/images\/providers\/|\/src\/media\/image-decoder\.ts$/;
+
+interface Traced extends CliResult {
+  /** URL of every module the process resolved. */
+  readonly modules: string[];
+}
+
+/** Runs the executable with the module trace (test/fixtures/loaded-modules.mjs) on. */
+async function traced(dir: string, name: string, args: string[]): Promise<Traced> {
+  const log = join(dir, `${name}.modules`);
+  const result = await spawnMmgate(args, {
+    nodeArgs: ["--import", `${repoRoot}test/fixtures/loaded-modules.mjs`],
+    env: { MMGATE_TEST_MODULE_LOG: log },
+  });
+  const modules = await readFile(log, "utf8").then(
+    (text) => text.split("\n").filter(Boolean),
+    () => [],
+  );
+  return { ...result, modules };
+}
+
+/** Loads the config as `mmgate serve` does, from no environment but `env`. */
+function load(sources: ConfigSources = {}) {
+  return loadConfig({ env: {}, ...sources }, builtinModules);
 }
 
 describe("the mmgate executable", function () {
+  // A spawned `serve` loads every capability; on a loaded 2-core machine that takes seconds.
   this.timeout(30_000);
 
-  it("prints its version and help", async () => {
-    const v = await mmgate(["version"]);
-    expect(v.code).to.equal(0);
-    expect(v.stdout).to.match(/^mmgate \d+\.\d+\.\d+ \(node v\d+/);
-    const help = await mmgate(["--help"]);
-    expect(help.stdout).to.include("serve").and.include("health");
-    const serveHelp = await mmgate(["serve", "--help"]);
-    expect(serveHelp.stdout).to.include("--print-config").and.include("--admin-listen");
+  let dir: string;
+  before(async () => {
+    dir = await mkdtemp(join(tmpdir(), "mmgate-cli-"));
   });
+  after(() => rm(dir, { recursive: true, force: true }));
 
-  describe("serve --print-config", () => {
-    it("prints the embedded defaults", async () => {
-      const res = await mmgate(["serve", "--print-config"]);
-      expect(res.code).to.equal(0);
-      const config = JSON.parse(res.stdout) as Record<string, unknown>;
-      expect(config).to.include({ listen: "127.0.0.1:50051", adminListen: "127.0.0.1:9464" });
-      expect(config.limits).to.include({ maxReceiveMessageBytes: 8 * 1024 * 1024, maxSendMessageBytes: 8 * 1024 * 1024 });
-      expect(config.shutdown).to.deep.equal({ graceMs: 10_000 });
+  describe("as a process", function () {
+    // Seven processes at once; a bound for a failure, generous for a loaded machine.
+    this.timeout(60_000);
+    let server: InProcessServer;
+    /** The processes of the tests below: independent of each other, so they run side by side. */
+    let runs: {
+      version: Traced;
+      help: Traced;
+      health: Traced;
+      media: Traced;
+      printConfig: CliResult;
+      badConfig: CliResult;
+      busyPort: CliResult;
+    };
+
+    before(async () => {
+      server = await startServer();
+      const layers = join(dir, "layers.yaml");
+      await writeFile(layers, "listen: 0.0.0.0:6000\nadminListen: ''\nlimits:\n  maxConcurrentStreams: 50\nshutdown:\n  graceMs: 1500\n");
+      const [version, help, health, media, printConfig, badConfig, busyPort] = await Promise.all([
+        traced(dir, "version", ["version"]),
+        traced(dir, "help", ["--help"]),
+        traced(dir, "health", ["health", "--addr", server.addr]),
+        // The control: a command that does need the decoder shows that the trace sees it.
+        traced(dir, "media", ["media", "--help"]),
+        spawnMmgate(["serve", "--config", layers, "--print-config", "--set", "shutdown.graceMs=2500"], {
+          env: {
+            MMGATE_LISTEN: "127.0.0.1:7000",
+            MMGATE_LIMITS__MAX_RECEIVE_MESSAGE_BYTES: "65536",
+            MMGATE_AUTH_TOKEN: "a-token-of-sufficient-length",
+            MMGATE_OPENAI_API_KEY: "sk-test",
+          },
+        }),
+        spawnMmgate(["serve", "--print-config", "--admin-listen", "", "--set", 'auth.token="two words, sixteen chars"'], {
+          env: { MMGATE_LIMITS__MAX_SEND_MESSAGE_BYTES: "10" },
+        }),
+        spawnMmgate(["serve", "--listen", server.addr, "--admin-listen", ""]),
+      ]);
+      runs = { version, help, health, media, printConfig, badConfig, busyPort };
+    });
+    after(() => server?.close());
+
+    it("runs version, --help and health without loading sharp, the image providers or the media decoder", () => {
+      const { version, help, health, media } = runs;
+      expect(version).to.include({ code: 0, stderr: "" });
+      expect(version.stdout).to.match(/^mmgate \d+\.\d+\.\d+ \(node v\d+/);
+      expect(help.code).to.equal(0);
+      for (const sub of subcommands) expect(help.stdout).to.include(sub.term);
+      expect(health).to.include({ code: 0, stdout: "SERVING\n" });
+      expect(media.code).to.equal(0);
+      expect(media.stdout).to.include("decode").and.include("hash");
+      for (const run of [version, help, health, media]) {
+        expect(run.modules.some((url) => url.endsWith("/src/cli/main.ts")), "the module trace works").to.equal(true);
+      }
+      const heavy = (run: Traced) => run.modules.filter((url) => HEAVY.test(url));
+      expect({ version: heavy(version), help: heavy(help), health: heavy(health) }).to.deep.equal({ version: [], help: [], health: [] });
+      expect(heavy(media)).to.not.be.empty;
     });
 
-    it("layers file < MMGATE_* env < flags, and redacts the token", async () => {
-      const dir = mkdtempSync(join(tmpdir(), "mmgate-cli-"));
-      const file = join(dir, "mmgate.yaml");
-      writeFileSync(file, "listen: 0.0.0.0:6000\nadminListen: ''\nlimits:\n  maxConcurrentStreams: 50\nshutdown:\n  graceMs: 1500\n");
-      const res = await mmgate(["serve", "--config", file, "--print-config", "--set", "shutdown.graceMs=2500"], {
-        MMGATE_LISTEN: "127.0.0.1:7000",
-        MMGATE_LIMITS__MAX_RECEIVE_MESSAGE_BYTES: "65536",
-        MMGATE_AUTH_TOKEN: "a-token-of-sufficient-length",
-      });
+    it("serve --print-config layers file < MMGATE_* env < flags, redacts the token and warns about stray MMGATE_* variables", () => {
+      const res = runs.printConfig;
       expect(res.code, res.stderr).to.equal(0);
       const config = JSON.parse(res.stdout) as Record<string, Record<string, unknown>>;
       expect(config.listen).to.equal("127.0.0.1:7000");
@@ -65,95 +119,185 @@ describe("the mmgate executable", function () {
       expect(config.limits).to.include({ maxConcurrentStreams: 50, maxReceiveMessageBytes: 65536 });
       expect(config.shutdown).to.deep.equal({ graceMs: 2500 });
       expect(config.auth).to.deep.equal({ token: "<redacted>" });
-      expect(res.stdout).to.not.include("a-token-of-sufficient-length");
+      expect(res.stdout).to.not.include("a-token-of-sufficient-length").and.not.include("sk-test");
+      expect(res.stderr).to.include("mmgate: warning: MMGATE_OPENAI_API_KEY is not a config key");
     });
 
-    it("leaves unrelated MMGATE_* variables alone, with a warning", async () => {
-      const res = await mmgate(["serve", "--print-config"], { MMGATE_OPENAI_API_KEY: "sk-test", MMGATE_LISTN: "1.2.3.4:1" });
-      expect(res.code).to.equal(0);
-      expect(res.stderr).to.include("MMGATE_OPENAI_API_KEY is not a config key").and.include("MMGATE_LISTN is not a config key");
-      expect(res.stdout).to.not.include("sk-test");
+    it("serve refuses a bad config with exit code 2, naming each field and where its value came from", () => {
+      const res = runs.badConfig;
+      expect(res.code).to.equal(2);
+      expect(res.stdout).to.equal("");
+      expect(res.stderr).to.match(/^mmgate: invalid configuration/);
+      expect(res.stderr).to.match(/limits\.maxSendMessageBytes: Too small.*\(from MMGATE_LIMITS__MAX_SEND_MESSAGE_BYTES\)/);
+      expect(res.stderr).to.match(/auth\.token: a token cannot contain white space \(from --set auth\.token\)/);
+      expect(res.stderr).to.not.match(/\n\s+at /); // no stack trace
     });
 
-    it("keeps long numeric values as strings", async () => {
-      const res = await mmgate(["serve", "--print-config", "--set", "auth.token=12345678901234567890"]);
-      expect(res.code, res.stderr).to.equal(0);
-      expect((JSON.parse(res.stdout) as { auth: { token: string } }).auth.token).to.equal("<redacted>");
+    it("serve names an address already in use and exits 1", () => {
+      const res = runs.busyPort;
+      expect(res.code).to.equal(1);
+      expect(res.stderr).to.include(`mmgate: cannot listen on ${server.addr}: EADDRINUSE`);
+      expect(res.stderr).to.not.match(/\n\s+at /);
+    });
+  });
+
+  describe("commands and help", () => {
+    it("lists every subcommand with its description, from stubs that match the real commands", async () => {
+      const help = await runMmgate(["--help"]);
+      expect(help.code).to.equal(0);
+      const text = help.stdout.replace(/\s+/g, " ");
+      for (const sub of [...subcommands, { term: "version", description: "print the version" }]) {
+        expect(text).to.include(`${sub.term} ${sub.description}`);
+      }
+      for (const sub of subcommands) {
+        const real = await sub.load();
+        expect([real.name(), real.description(), new Help().subcommandTerm(real)]).to.deep.equal([sub.name, sub.description, sub.term]);
+      }
     });
 
-    const invalid: [string, string[], Record<string, string>, RegExp][] = [
-      ["a bad listen address", ["--listen", "nowhere"], {}, /listen: expected HOST:PORT/],
-      ["an unknown key", ["--set", "limits.bogus=1"], {}, /limits: Unrecognized key: "bogus"/],
-      ["a limit out of range", [], { MMGATE_LIMITS__MAX_SEND_MESSAGE_BYTES: "10" }, /limits\.maxSendMessageBytes: Too small.*\(from MMGATE_LIMITS__MAX_SEND_MESSAGE_BYTES\)/],
-      ["a short token", [], { MMGATE_AUTH_TOKEN: "short" }, /auth\.token: a token needs at least 16 characters \(from MMGATE_AUTH_TOKEN\)/],
-      ["a token with white space", ["--set", "auth.token=\"two words, sixteen chars\""], {}, /auth\.token: a token cannot contain white space \(from --set auth\.token\)/],
-      ["an unreadable TLS file", ["--set", "tls.certFile=/no/cert.pem", "--set", "tls.keyFile=/no/key.pem"], {}, /tls\.certFile: cannot read \/no\/cert\.pem/],
-      ["an unknown service", ["--services", "teleport"], {}, /services: unknown module "teleport"/],
-      ["half a TLS pair", ["--set", "tls.certFile=/tmp/x.pem"], {}, /tls: tls\.certFile and tls\.keyFile go together/],
-    ];
-    for (const [what, args, env, message] of invalid) {
-      it(`refuses ${what}, naming the field, with exit code 2`, async () => {
-        // TLS files are read when serving starts; everything else fails in --print-config already.
-        const printOnly = what.includes("TLS file") ? [] : ["--print-config"];
-        const res = await mmgate(["serve", ...printOnly, "--listen", "127.0.0.1:0", "--admin-listen", "", ...args], env);
-        expect(res.code).to.equal(2);
-        expect(res.stderr).to.match(message);
-      });
-    }
+    it("shows each subcommand's own commands and options in its help", async () => {
+      const serve = await runMmgate(["serve", "--help"]);
+      expect(serve.stdout).to.include("--print-config").and.include("--admin-listen");
+      const media = await runMmgate(["media", "--help"]);
+      expect(media.stdout).to.match(/decode \[options\] <file\|url>/).and.match(/hash \[options\]/);
+      const images = await runMmgate(["images", "--help"]);
+      expect(images.stdout).to.include("generate [options] <prompt>").and.include("providers").and.include("capabilities");
+      expect((await runMmgate(["help", "images"])).stdout).to.equal(images.stdout);
+      const decode = await runMmgate(["media", "decode", "--help"]);
+      expect(decode.stdout).to.include("--local");
+      for (const res of [serve, media, images, decode]) expect(res.code).to.equal(0);
+    });
+
+    it("prints its version, and refuses an unknown command with exit code 1", async () => {
+      const version = await runMmgate(["version"]);
+      expect(version).to.include({ code: 0 });
+      expect(version.stdout).to.match(/^mmgate \d+\.\d+\.\d+ \(node v\d+/);
+      const bogus = await runMmgate(["bogus"]);
+      expect(bogus.code).to.equal(1);
+      expect(bogus.stderr).to.include("unknown command 'bogus'");
+    });
   });
 
   describe("health", () => {
-    let server: ChildServer;
+    let server: InProcessServer;
     before(async () => {
-      server = await startChildServer();
+      server = await startServer();
     });
-    after(() => server.close());
+    after(() => server?.close());
 
-    it("exits 0 and prints SERVING for a serving server", async () => {
-      const res = await mmgate(["health", "--addr", server.addr]);
-      expect(res).to.include({ code: 0, stdout: "SERVING\n" });
-      const one = await mmgate(["health", "--addr", server.addr, "--service", "mmgate.admin.v1.AdminService"]);
-      expect(one.code).to.equal(0);
+    it("exits 0 and prints SERVING for a serving server and service", async () => {
+      expect(await runMmgate(["health", "--addr", server.addr])).to.include({ code: 0, stdout: "SERVING\n" });
+      expect(await runMmgate(["health", "--addr", server.addr, "--service", ADMIN])).to.include({ code: 0, stdout: "SERVING\n" });
     });
 
-    it("--watch prints each status change", async () => {
-      const watcher = spawn(process.execPath, [`${repoRoot}bin/mmgate.js`, "health", "--watch", "--addr", server.addr, "--service", "mmgate.admin.v1.AdminService"], {
-        cwd: repoRoot,
-      });
-      const lines: string[] = [];
-      createInterface({ input: watcher.stdout }).on("line", (l) => lines.push(l));
-      const until = async (n: number) => {
-        for (let i = 0; i < 400 && lines.length < n; i++) await new Promise((r) => setTimeout(r, 25));
-      };
+    it("exits 1 and prints the status for a service out of rotation", async () => {
+      const admin = createClient(AdminService, server.transport);
+      await admin.setServingStatus({ service: ADMIN, serving: false });
       try {
-        await until(1);
-        const admin = createClient(AdminService, server.transport);
-        await admin.setServingStatus({ service: "mmgate.admin.v1.AdminService", serving: false });
-        await until(2);
-        await admin.setServingStatus({ service: "mmgate.admin.v1.AdminService", serving: true });
-        await until(3);
+        expect(await runMmgate(["health", "--addr", server.addr, "--service", ADMIN])).to.include({ code: 1, stdout: "NOT_SERVING\n" });
       } finally {
-        watcher.kill();
+        await admin.setServingStatus({ service: ADMIN, serving: true });
       }
-      expect(lines.map((l) => l.split(" ")[1])).to.deep.equal(["SERVING", "NOT_SERVING", "SERVING"]);
-      expect(lines[0]).to.match(/^\d{4}-\d\d-\d\dT/);
     });
 
     it("exits 2 for an unknown service or an unreachable server", async () => {
-      expect((await mmgate(["health", "--addr", server.addr, "--service", "nope"])).code).to.equal(2);
-      expect((await mmgate(["health", "--addr", "127.0.0.1:1", "--timeout", "2000"])).code).to.equal(2);
-    });
-
-    it("serve names an address already in use and exits 1", async () => {
-      const res = await mmgate(["serve", "--listen", server.addr, "--admin-listen", ""]);
-      expect(res.code).to.equal(1);
-      expect(res.stderr).to.include(`cannot listen on ${server.addr}: EADDRINUSE`);
+      const unknown = await runMmgate(["health", "--addr", server.addr, "--service", "nope"]);
+      expect(unknown.code).to.equal(2);
+      expect(unknown.stderr).to.match(/^mmgate health: /);
+      expect((await runMmgate(["health", "--addr", "127.0.0.1:1", "--timeout", "2000"])).code).to.equal(2);
     });
 
     it("rejects a malformed --addr", async () => {
-      const res = await mmgate(["health", "--addr", "http://x"]);
-      expect(res.code).to.not.equal(0);
+      const res = await runMmgate(["health", "--addr", "http://x"]);
+      expect(res.code).to.equal(1);
       expect(res.stderr).to.include("expected HOST:PORT");
+    });
+
+    it("--watch prints each status change until the server ends the stream", async () => {
+      const watched = await startServer();
+      const lines: string[] = [];
+      const watching = runMmgate(["health", "--watch", "--addr", watched.addr, "--service", ADMIN], {
+        onStdout: (text) => lines.push(...text.split("\n").filter(Boolean)),
+      });
+      const statuses = () => lines.map((l) => l.split(" ")[1]);
+      try {
+        await eventually(() => expect(statuses()).to.deep.equal(["SERVING"]));
+        const admin = createClient(AdminService, watched.transport);
+        await admin.setServingStatus({ service: ADMIN, serving: false });
+        await eventually(() => expect(statuses()).to.deep.equal(["SERVING", "NOT_SERVING"]));
+        await admin.setServingStatus({ service: ADMIN, serving: true });
+        await eventually(() => expect(statuses()).to.deep.equal(["SERVING", "NOT_SERVING", "SERVING"]));
+      } finally {
+        await watched.close();
+      }
+      // The drain turns every service NOT_SERVING, then ends the stream; the exit code follows the last status.
+      expect((await watching).code).to.equal(1);
+      expect(statuses()).to.deep.equal(["SERVING", "NOT_SERVING", "SERVING", "NOT_SERVING"]);
+      expect(lines[0]).to.match(/^\d{4}-\d\d-\d\dT/);
+    });
+  });
+
+  describe("serve's configuration", () => {
+    it("has embedded defaults", () => {
+      const config = redactedConfig(load());
+      expect(config).to.include({ listen: "127.0.0.1:50051", adminListen: "127.0.0.1:9464" });
+      expect(config.limits).to.include({ maxReceiveMessageBytes: 8 * 1024 * 1024, maxSendMessageBytes: 8 * 1024 * 1024 });
+      expect(config.shutdown).to.deep.equal({ graceMs: 10_000 });
+    });
+
+    it("layers file < MMGATE_* env < flags, and redacts the token", async () => {
+      const file = join(dir, "mmgate.yaml");
+      await writeFile(file, "listen: 0.0.0.0:6000\nadminListen: ''\nlimits:\n  maxConcurrentStreams: 50\nshutdown:\n  graceMs: 1500\n");
+      const config = redactedConfig(
+        load({
+          file,
+          env: { MMGATE_LISTEN: "127.0.0.1:7000", MMGATE_LIMITS__MAX_RECEIVE_MESSAGE_BYTES: "65536", MMGATE_AUTH_TOKEN: "a-token-of-sufficient-length" },
+          overrides: { "shutdown.graceMs": parseScalar("2500") },
+        }),
+      ) as Record<string, Record<string, unknown>>;
+      expect(config.listen).to.equal("127.0.0.1:7000");
+      expect(config.adminListen).to.equal("");
+      expect(config.limits).to.include({ maxConcurrentStreams: 50, maxReceiveMessageBytes: 65536 });
+      expect(config.shutdown).to.deep.equal({ graceMs: 2500 });
+      expect(config.auth).to.deep.equal({ token: "<redacted>" });
+      expect(JSON.stringify(config)).to.not.include("a-token-of-sufficient-length");
+    });
+
+    it("leaves unrelated MMGATE_* variables alone, with a warning", () => {
+      const warnings: string[] = [];
+      const config = load({ env: { MMGATE_OPENAI_API_KEY: "sk-test", MMGATE_LISTN: "1.2.3.4:1" }, onWarning: (m) => warnings.push(m) });
+      const text = warnings.join("\n");
+      expect(text).to.include("MMGATE_OPENAI_API_KEY is not a config key").and.include("MMGATE_LISTN is not a config key");
+      expect(JSON.stringify(redactedConfig(config))).to.not.include("sk-test");
+    });
+
+    it("keeps long numeric values as strings", () => {
+      const value = parseScalar("12345678901234567890");
+      expect(value).to.equal("12345678901234567890");
+      expect(load({ overrides: { "auth.token": value } }).auth.token).to.equal("12345678901234567890");
+    });
+
+    // What `serve` passes for --listen, --services and --set: the flag's value, parsed by --set's rule for --set.
+    const invalid: [string, ConfigSources, RegExp][] = [
+      ["a bad listen address", { overrides: { listen: "nowhere" } }, /listen: expected HOST:PORT/],
+      ["an unknown key", { overrides: { "limits.bogus": parseScalar("1") } }, /limits: Unrecognized key: "bogus"/],
+      ["a limit out of range", { env: { MMGATE_LIMITS__MAX_SEND_MESSAGE_BYTES: "10" } }, /limits\.maxSendMessageBytes: Too small.*\(from MMGATE_LIMITS__MAX_SEND_MESSAGE_BYTES\)/],
+      ["a short token", { env: { MMGATE_AUTH_TOKEN: "short" } }, /auth\.token: a token needs at least 16 characters \(from MMGATE_AUTH_TOKEN\)/],
+      ["a token with white space", { overrides: { "auth.token": parseScalar('"two words, sixteen chars"') } }, /auth\.token: a token cannot contain white space \(from --set auth\.token\)/],
+      ["an unknown service", { overrides: { services: "teleport" } }, /services: unknown module "teleport"/],
+      ["half a TLS pair", { overrides: { "tls.certFile": "/tmp/x.pem" } }, /tls: tls\.certFile and tls\.keyFile go together/],
+    ];
+    for (const [what, sources, message] of invalid) {
+      it(`refuses ${what}, naming the field`, async () => {
+        await expectRejection(() => load(sources), { type: ConfigError, message });
+      });
+    }
+
+    it("refuses an unreadable TLS file when serving starts, naming the field", async () => {
+      const tls = { certFile: "/no/cert.pem", keyFile: "/no/key.pem" };
+      const config = load({ overrides: { "tls.certFile": tls.certFile, "tls.keyFile": tls.keyFile } });
+      expect(config.tls).to.deep.equal(tls);
+      await expectRejection(startServer({ config: { tls } }), { type: ConfigError, message: /tls\.certFile: cannot read \/no\/cert\.pem/ });
     });
   });
 });

@@ -1,5 +1,4 @@
-import { execFile, execFileSync } from "node:child_process";
-import { promisify } from "node:util";
+import { execFileSync } from "node:child_process";
 import { mkdtempSync, readFileSync } from "node:fs";
 import { request } from "node:https";
 import { tmpdir } from "node:os";
@@ -9,8 +8,8 @@ import { createGrpcTransport } from "@connectrpc/connect-node";
 import * as grpc from "@grpc/grpc-js";
 import { expect } from "chai";
 import { AdminService } from "../../gen/mmgate/admin/v1/admin_pb.js";
-import type { InProcessServer } from "../support/server.js";
-import { grpcJsClient, grpcUnary, repoRoot, startServer } from "../support/server.js";
+import type { InProcessServer } from "../support/index.js";
+import { grpcJsClient, grpcUnary, runMmgate, startServer } from "../support/index.js";
 
 /** A self-signed certificate for 127.0.0.1, made with the system's openssl. */
 function selfSigned(): { certFile: string; keyFile: string } {
@@ -52,18 +51,12 @@ describe("TLS", () => {
   });
 
   it("lets the mmgate CLI reach it with --ca (and refuses an unreadable one clearly)", async () => {
-    const run = promisify(execFile);
-    const ok = await run(process.execPath, [`${repoRoot}bin/mmgate.js`, "health", "--addr", server.addr, "--ca", caFile]);
-    expect(ok.stdout).to.equal("SERVING\n");
-    const plain = await run(process.execPath, [`${repoRoot}bin/mmgate.js`, "health", "--addr", server.addr, "--timeout", "2000"]).catch(
-      (e: { code: number }) => e,
-    );
-    expect((plain as { code: number }).code).to.equal(2);
-    const badCa = await run(process.execPath, [`${repoRoot}bin/mmgate.js`, "images", "providers", "--addr", server.addr, "--ca", "/no/ca.pem"]).catch(
-      (e: { code: number; stderr: string }) => e,
-    );
-    expect((badCa as { code: number }).code).to.equal(1);
-    expect((badCa as { stderr: string }).stderr).to.match(/^mmgate: --ca: cannot read \/no\/ca\.pem/);
+    expect(await runMmgate(["health", "--addr", server.addr, "--ca", caFile])).to.include({ code: 0, stdout: "SERVING\n" });
+    const plain = await runMmgate(["health", "--addr", server.addr, "--timeout", "2000"]);
+    expect(plain.code).to.equal(2);
+    const badCa = await runMmgate(["images", "providers", "--addr", server.addr, "--ca", "/no/ca.pem"]);
+    expect(badCa.code).to.equal(1);
+    expect(badCa.stderr).to.match(/^mmgate: --ca: cannot read \/no\/ca\.pem[^\n]*\n$/);
   });
 
   it("accepts HTTP/1.1 Connect unary calls on the same port", async () => {
