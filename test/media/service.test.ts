@@ -6,7 +6,7 @@ import { fromBinary } from "@bufbuild/protobuf";
 import type * as grpc from "@grpc/grpc-js";
 import { DataType, ErrorDetailSchema, MediaService } from "../../gen/mmgate/media/v1/media_pb.js";
 import { mediaModule, parseDescriptorJson, decodeNixlMetadata } from "../../src/media/index.js";
-import { grpcServerStream, grpcUnary, startServer, type InProcessServer } from "../support/server.js";
+import { expectRejection, grpcServerStream, grpcUnary, startServer, type InProcessServer } from "../support/index.js";
 import { encodeRaw, pattern, claimedPng } from "./fixtures.js";
 
 const PROTO = "mmgate/media/v1/media.proto";
@@ -16,14 +16,7 @@ function detailCode(error: ConnectError): string | undefined {
   return error.findDetails(ErrorDetailSchema)[0]?.code;
 }
 
-async function connectError(p: Promise<unknown>): Promise<ConnectError> {
-  try {
-    await p;
-  } catch (error) {
-    return ConnectError.from(error);
-  }
-  throw new Error("expected an error");
-}
+const connectError = (p: Promise<unknown>) => expectRejection(p, { type: ConnectError });
 
 describe("MediaService contract", function () {
   this.timeout(60_000);
@@ -256,37 +249,26 @@ describe("MediaService contract", function () {
     });
 
     it("errors carry the status code and a decodable ErrorDetail", async () => {
-      try {
-        await grpcUnary(grpcClient, "Decode", { url: "ftp://example.com/x.png" });
-        expect.fail("expected an error");
-      } catch (error) {
-        const e = error as grpc.ServiceError;
-        expect(e.code).to.equal(3);
-        expect(e.details).to.equal("Only HTTP(S) and data URLs are allowed");
-        const bin = e.metadata.get("grpc-status-details-bin")[0] as Buffer;
-        expect(bin).to.be.instanceOf(Buffer);
-        // google.rpc.Status{code=1, message=2, details=3(Any{type_url=1, value=2})}: find the Any's value.
-        const text = bin.toString("latin1");
-        expect(text).to.include("type.googleapis.com/mmgate.media.v1.ErrorDetail");
-        const marker = Buffer.from("URL_SCHEME_NOT_ALLOWED");
-        const at = bin.indexOf(marker);
-        // The ErrorDetail message starts at its field-1 tag (0x0a) two bytes before the string.
-        const detail = fromBinary(ErrorDetailSchema, bin.subarray(at - 2, at + marker.length));
-        expect(detail.code).to.equal("URL_SCHEME_NOT_ALLOWED");
-      }
+      const e = await expectRejection<grpc.ServiceError>(grpcUnary(grpcClient, "Decode", { url: "ftp://example.com/x.png" }), { code: 3 });
+      expect(e.details).to.equal("Only HTTP(S) and data URLs are allowed");
+      const bin = e.metadata.get("grpc-status-details-bin")[0] as Buffer;
+      expect(bin).to.be.instanceOf(Buffer);
+      // google.rpc.Status{code=1, message=2, details=3(Any{type_url=1, value=2})}: find the Any's value.
+      const text = bin.toString("latin1");
+      expect(text).to.include("type.googleapis.com/mmgate.media.v1.ErrorDetail");
+      const marker = Buffer.from("URL_SCHEME_NOT_ALLOWED");
+      const at = bin.indexOf(marker);
+      // The ErrorDetail message starts at its field-1 tag (0x0a) two bytes before the string.
+      const detail = fromBinary(ErrorDetailSchema, bin.subarray(at - 2, at + marker.length));
+      expect(detail.code).to.equal("URL_SCHEME_NOT_ALLOWED");
     });
 
     it("cancelling ReadTensor mid-stream ends the call", async () => {
       const big = await encodeRaw(pattern(256 * 256 * 3), 256, 256, 3, "png");
       const res = await grpcUnary<{ handle: string }>(grpcClient, "Decode", { data: big });
-      try {
-        await grpcServerStream(grpcClient, "ReadTensor", { handle: res.handle }, {
-          onMessage: (_m, call) => call.cancel(),
-        });
-        expect.fail("expected a cancellation");
-      } catch (error) {
-        expect((error as grpc.ServiceError).code).to.equal(1);
-      }
+      await expectRejection(grpcServerStream(grpcClient, "ReadTensor", { handle: res.handle }, { onMessage: (_m, call) => call.cancel() }), {
+        code: 1, // CANCELLED
+      });
       // The server keeps serving.
       const again = await grpcUnary<{ released: boolean }>(grpcClient, "ReleaseTensor", { handle: res.handle });
       expect(again.released).to.equal(true);
@@ -344,19 +326,27 @@ describe("MediaService with the default policy and a bearer token", function () 
   });
 
   it("exports tensor store metrics", async () => {
-    const client = createClient(MediaService, server.transport);
-    const png = await encodeRaw(pattern(4 * 4 * 3), 4, 4, 3, "png");
-    await client.decode({ source: { case: "data", value: png } });
-    const text = await new Promise<string>((resolve, reject) => {
-      http.get(`http://${server.adminAddr}/metrics`, (res) => {
-        let body = "";
-        res.setEncoding("utf8");
-        res.on("data", (c: string) => (body += c));
-        res.on("end", () => resolve(body));
-      }).on("error", reject);
-    });
-    expect(text).to.match(/mmgate_media_tensor_store_bytes 48/);
-    expect(text).to.match(/mmgate_media_tensor_store_tensors 1/);
-    expect(text).to.match(/mmgate_media_tensor_store_removals_total\{reason="released"\} 1/);
+    // A server of its own, so that the counts are this test's alone.
+    const own = await startServer({ modules: [mediaModule], config: { auth: { token: TOKEN } } });
+    try {
+      const client = createClient(MediaService, own.transport);
+      const png = await encodeRaw(pattern(4 * 4 * 3), 4, 4, 3, "png");
+      const released = await client.decode({ source: { case: "data", value: png } });
+      await client.decode({ source: { case: "data", value: png } });
+      await client.releaseTensor({ handle: released.handle }, { headers: { authorization: `Bearer ${TOKEN}` } });
+      const text = await new Promise<string>((resolve, reject) => {
+        http.get(`http://${own.adminAddr}/metrics`, (res) => {
+          let body = "";
+          res.setEncoding("utf8");
+          res.on("data", (c: string) => (body += c));
+          res.on("end", () => resolve(body));
+        }).on("error", reject);
+      });
+      expect(text).to.match(/mmgate_media_tensor_store_bytes 48/);
+      expect(text).to.match(/mmgate_media_tensor_store_tensors 1/);
+      expect(text).to.match(/mmgate_media_tensor_store_removals_total\{reason="released"\} 1/);
+    } finally {
+      await own.close();
+    }
   });
 });
