@@ -5,9 +5,10 @@ import {
   type ProviderCapabilities,
   type ProviderDescriptor,
   type SessionMetadata,
-} from "../../src/images/contract/types.js";
+} from "../../src/images/model.js";
 import { ImageError } from "../../src/images/core/errors.js";
-import { abortableDelay, type ImageProvider, type ProviderContext } from "../../src/images/core/provider.js";
+import type { ImageProvider, ProviderContext } from "../../src/images/core/provider.js";
+import { delay } from "../../src/util/index.js";
 
 /** Native capabilities of the reference's fan-out test provider. */
 export function fakeCapabilities(): ProviderCapabilities {
@@ -61,6 +62,7 @@ export interface FakeOptions {
  */
 export class FakeProvider implements ImageProvider {
   calls = 0;
+  capabilityCalls = 0;
   active = 0;
   maxActive = 0;
   aborted = 0;
@@ -74,6 +76,7 @@ export class FakeProvider implements ImageProvider {
   }
 
   async capabilities(): Promise<ProviderCapabilities> {
+    this.capabilityCalls += 1;
     return this.options.capabilities ?? fakeCapabilities();
   }
 
@@ -85,10 +88,10 @@ export class FakeProvider implements ImageProvider {
     try {
       const offset = Number(context.requestId.slice(context.requestId.lastIndexOf(":") + 1));
       try {
-        await abortableDelay(this.options.delayByOffset?.[offset] ?? this.options.delayMs ?? 20, context.signal);
-      } catch (error) {
+        await delay(this.options.delayByOffset?.[offset] ?? this.options.delayMs ?? 20, context.signal);
+      } catch {
         this.aborted += 1;
-        throw error;
+        throw new ImageError("cancelled", "the operation was cancelled");
       }
       if (this.options.failAll || (this.options.failOffset !== undefined && offset === this.options.failOffset)) {
         throw new ImageError("upstream", "fake output failed", { retryable: true });
@@ -136,14 +139,6 @@ export class FakeProvider implements ImageProvider {
     }
   }
 
-  async checkReady(): Promise<void> {}
-  async getSession(key: string): Promise<SessionMetadata> {
-    return { key, reused: true };
-  }
-  async deleteSession(): Promise<void> {}
-  restartCount(): number | undefined {
-    return undefined;
-  }
   async shutdown(): Promise<void> {
     this.shutdowns += 1;
   }

@@ -1,5 +1,5 @@
 import { expect } from "chai";
-import { createImageRequest, type ImageRequestInit, type ProviderEvent } from "../../src/images/contract/types.js";
+import { createImageRequest, type ImageRequestInit, type ProviderEvent } from "../../src/images/model.js";
 import { ImageError } from "../../src/images/core/errors.js";
 import type { ProviderContext } from "../../src/images/core/provider.js";
 import { DEFAULT_REQUEST_LIMITS } from "../../src/images/core/validation.js";
@@ -147,22 +147,100 @@ describe("images: output fan-out (guaranteed behaviour)", () => {
     expect(inner.active).to.equal(0);
   });
 
-  it("gives up waiting for siblings after the grace period", async () => {
-    const stubborn = new FakeProvider({ failOffset: 0, delayByOffset: { 0: 5, 1: 1000 } });
-    const original = stubborn.execute.bind(stubborn);
-    // A sibling that ignores cancellation for a long time.
-    stubborn.execute = async (req, ctx) =>
-      ctx.requestId.endsWith(":1")
-        ? original(req, { ...ctx, signal: AbortSignal.timeout(3000) })
-        : original(req, ctx);
-    const provider = new OutputFanoutProvider(
-      stubborn,
-      { maxOutputs: 4, maxParallelOutputs: 2, siblingGraceMs: 10 },
-      DEFAULT_REQUEST_LIMITS,
-    );
-    const error = await rejection(provider.execute(request({ parameters: { n: 4 } }), context()));
+  it("frees the permits of siblings still running after the grace, and counts them as abandoned", async () => {
+    const inner = new FakeProvider();
+    let release!: () => void;
+    const gate = new Promise<void>((resolve) => (release = resolve));
+    let stubborn = 0;
+    inner.execute = async (_request, ctx) => {
+      if (ctx.requestId.endsWith(":0")) {
+        // Fails once its sibling is running.
+        while (stubborn === 0) await new Promise((resolve) => setImmediate(resolve));
+        throw new ImageError("upstream", "fake output failed", { retryable: true });
+      }
+      stubborn += 1;
+      await gate; // ignores cancellation
+      stubborn -= 1;
+      throw new ImageError("cancelled", "finished late");
+    };
+    const provider = new OutputFanoutProvider(inner, { maxOutputs: 4, maxParallelOutputs: 2, siblingGraceMs: 10 }, DEFAULT_REQUEST_LIMITS);
+    const error = await rejection(provider.execute(request({ parameters: { n: 2 } }), context()));
     expect(error.details["outcome"]).to.equal("unknown");
-    expect(stubborn.active).to.equal(1);
+    expect(stubborn).to.equal(1);
+    expect(provider.activeOperations, "permits held").to.equal(0);
+    expect(provider.abandonedOperations).to.equal(1);
+
+    release();
+    while (provider.abandonedOperations > 0) await new Promise((resolve) => setImmediate(resolve));
+    expect(stubborn).to.equal(0);
+    // Its own late release leaves the count alone.
+    expect(provider.activeOperations).to.equal(0);
+  });
+
+  describe("fail fast while chunks wait for a permit", () => {
+    /** Holds `count` of the provider's permits until the returned function is called. */
+    async function holdPermits(provider: OutputFanoutProvider, count: number): Promise<() => Promise<void>> {
+      const holder = new AbortController();
+      const held = Array.from({ length: count }, (_, i) =>
+        provider.execute(request({ parameters: { n: 1 } }), context(`holder-${i}`, undefined, holder.signal)).catch(() => undefined),
+      );
+      while (provider.activeOperations < count) await new Promise((resolve) => setImmediate(resolve));
+      return async () => {
+        holder.abort();
+        await Promise.all(held);
+      };
+    }
+
+    it("answers a retryable timeout when the deadline passes before any chunk was dispatched", async () => {
+      const { inner, provider } = decorate({ delayMs: 10_000 }, { maxParallelOutputs: 2 });
+      const release = await holdPermits(provider, 2);
+      try {
+        const error = await rejection(provider.execute(request({ parameters: { n: 2 } }), { ...context(), deadline: Date.now() + 30 }));
+        expect([error.code, error.retryable]).to.deep.equal(["timeout", true]);
+        expect(error.details).to.not.have.property("outcome");
+        expect(error.details).to.not.have.property("retry_scope");
+        expect(error.details["stage"]).to.equal("capacity_wait");
+        expect(inner.calls).to.equal(2);
+      } finally {
+        await release();
+      }
+    });
+
+    it("answers cancelled, with no unknown outcome, when the caller cancels before any chunk was dispatched", async () => {
+      const { inner, provider } = decorate({ delayMs: 10_000 }, { maxParallelOutputs: 2 });
+      const release = await holdPermits(provider, 2);
+      try {
+        const caller = new AbortController();
+        const batch = provider.execute(request({ parameters: { n: 2 } }), context("batch", undefined, caller.signal));
+        while (inner.capabilityCalls < 3) await new Promise((resolve) => setImmediate(resolve));
+        caller.abort();
+        const error = await rejection(batch);
+        expect(error.code).to.equal("cancelled");
+        expect(error.details).to.not.have.property("outcome");
+        expect(error.details["stage"]).to.equal("capacity_wait");
+        expect(inner.calls).to.equal(2);
+      } finally {
+        await release();
+      }
+    });
+
+    it("marks the batch ambiguous when a sibling was dispatched", async () => {
+      const { inner, provider } = decorate({ delayMs: 10_000 }, { maxParallelOutputs: 2 });
+      const release = await holdPermits(provider, 1);
+      try {
+        // Chunk 0 takes the last permit and runs; chunk 1 waits until the deadline.
+        const error = await rejection(provider.execute(request({ parameters: { n: 2 } }), { ...context(), deadline: Date.now() + 30 }));
+        expect(error.code).to.equal("timeout");
+        expect(error.details["output_index"]).to.equal(1);
+        expect(error.retryable).to.equal(false);
+        expect(error.details["outcome"]).to.equal("unknown");
+        expect(error.details["retry_scope"]).to.equal("do_not_retry_full_batch");
+        expect(inner.calls).to.equal(2);
+        expect(inner.aborted).to.equal(1);
+      } finally {
+        await release();
+      }
+    });
   });
 
   it("fails when every output fails under best effort", async () => {

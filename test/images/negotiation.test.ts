@@ -1,9 +1,12 @@
 import { expect } from "chai";
-import { createImageRequest, type ImageRequestInit, type ProviderCapabilities } from "../../src/images/contract/types.js";
+import { createImageRequest, type ImageRequestInit, type ProviderCapabilities } from "../../src/images/model.js";
 import { validateCapabilities } from "../../src/images/core/capabilities.js";
 import { ImageError } from "../../src/images/core/errors.js";
 import { negotiateRequest, NEGATIVE_PROMPT_MERGE_PREFIX } from "../../src/images/core/negotiation.js";
-import { fakeCapabilities } from "./fake-provider.js";
+import { DEFAULT_REQUEST_LIMITS } from "../../src/images/core/validation.js";
+import { OutputFanoutProvider } from "../../src/images/fanout/provider.js";
+import { FakeProvider, fakeCapabilities } from "./fake-provider.js";
+import { rejection } from "./helpers.js";
 
 function capabilities(change: Partial<ProviderCapabilities> = {}): ProviderCapabilities {
   const base = fakeCapabilities();
@@ -54,11 +57,15 @@ describe("images: capability validation", () => {
     });
   }
 
-  it("makes malformed capabilities a protocol error in every compatibility mode", () => {
-    const c = capabilities({ count: { min: 0, max: 1 } });
+  it("makes malformed capabilities a protocol error in every compatibility mode, before any call", async () => {
+    const inner = new FakeProvider({ capabilities: capabilities({ count: { min: 0, max: 1 } }) });
+    const provider = new OutputFanoutProvider(inner, { maxOutputs: 4, maxParallelOutputs: 2 }, DEFAULT_REQUEST_LIMITS);
+    const context = { requestId: "r", deadline: Date.now() + 5000, signal: new AbortController().signal };
     for (const compatibility of ["strict", "normalize", "best_effort"] as const) {
-      expect(rejectionOf(() => negotiateRequest(req({ policies: { compatibility } }), c)).code).to.equal("protocol");
+      const error = await rejection(provider.execute(req({ policies: { compatibility } }), context));
+      expect(error.code).to.equal("protocol");
     }
+    expect(inner.calls).to.equal(0);
   });
 });
 

@@ -3,7 +3,7 @@ import type { AddressInfo } from "node:net";
 import { expect } from "chai";
 import sharp from "sharp";
 import { imagesConfigSchema } from "../../src/images/config.js";
-import { createImageRequest, type ImageRequestInit, type ProviderEvent } from "../../src/images/contract/types.js";
+import { createImageRequest, type ImageRequestInit, type ProviderEvent } from "../../src/images/model.js";
 import type { ProviderContext } from "../../src/images/core/provider.js";
 import { DEFAULT_REQUEST_LIMITS } from "../../src/images/core/validation.js";
 import { OutputFanoutProvider } from "../../src/images/fanout/provider.js";
@@ -11,7 +11,7 @@ import { OpenAiImageProvider, parseRetryAfter } from "../../src/images/providers
 import { createClient } from "@connectrpc/connect";
 import { ImageService } from "../../gen/mmgate/images/v1/image_service_pb.js";
 import { imagesModule } from "../../src/images/index.js";
-import { startServer } from "../support/server.js";
+import { eventually, startServer } from "../support/index.js";
 import { rejection } from "./helpers.js";
 
 const KEY = "sk-test-secret-key-123456";
@@ -205,17 +205,17 @@ describe("images: OpenAI-compatible provider against a local fake upstream", fun
 
   it("aborts the upstream call on cancellation", async () => {
     let closed = false;
+    const controller = new AbortController();
+    // The upstream has the request (and never answers): cancel now.
     handler = (req) => {
       req.socket.on("close", () => {
         closed = true;
       });
+      controller.abort();
     };
-    const controller = new AbortController();
-    setTimeout(() => controller.abort(), 50);
     const error = await rejection(provider().execute(request(), context(undefined, controller.signal)));
     expect(error.code).to.equal("cancelled");
-    for (let i = 0; i < 50 && !closed; i += 1) await new Promise((r) => setTimeout(r, 20));
-    expect(closed).to.equal(true);
+    await eventually(() => expect(closed).to.equal(true));
   });
 
   it("reports unreachable upstreams as retryable upstream errors", async () => {

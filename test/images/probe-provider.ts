@@ -1,5 +1,7 @@
-import type { ImageRequest, ImageResponse, ProviderCapabilities, ProviderDescriptor, SessionMetadata } from "../../src/images/contract/types.js";
-import { abortableDelay, type ImageProvider, type ProviderContext } from "../../src/images/core/provider.js";
+import { ImageError } from "../../src/images/core/errors.js";
+import type { ImageRequest, ImageResponse, ProviderCapabilities, ProviderDescriptor } from "../../src/images/model.js";
+import type { ImageProvider, ProviderContext } from "../../src/images/core/provider.js";
+import { delay } from "../../src/util/index.js";
 import { fakeCapabilities } from "./fake-provider.js";
 
 /** A slow provider that records whether the caller's cancellation reached it. */
@@ -30,21 +32,13 @@ export class ProbeProvider implements ImageProvider {
     this.started += 1;
     for (const wake of this.waiters.splice(0)) wake();
     try {
-      await abortableDelay(this.delayMs, context.signal);
-    } catch (error) {
+      await delay(this.delayMs, context.signal);
+    } catch {
       this.aborted += 1;
-      throw error;
+      throw new ImageError("cancelled", "the operation was cancelled");
     }
     throw new Error("the probe never completes");
   }
 
-  async checkReady(): Promise<void> {}
-  async getSession(key: string): Promise<SessionMetadata> {
-    return { key, reused: false };
-  }
-  async deleteSession(): Promise<void> {}
-  restartCount(): number | undefined {
-    return undefined;
-  }
   async shutdown(): Promise<void> {}
 }

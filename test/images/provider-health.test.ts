@@ -1,17 +1,19 @@
 import { expect } from "chai";
 import { imagesConfigSchema } from "../../src/images/config.js";
-import { createImageRequest } from "../../src/images/contract/types.js";
+import { createImageRequest } from "../../src/images/model.js";
 import { buildImageRuntime } from "../../src/images/build.js";
 import { providerHealthName } from "../../src/images/index.js";
 import { publishProviderHealth } from "../../src/images/provider-health.js";
 import { HealthRegistry, Readiness, ServingStatus } from "../../src/server/index.js";
+import { eventually } from "../support/index.js";
 import { FakeProvider } from "./fake-provider.js";
 
 describe("images: provider health", () => {
   it("follows each provider's circuit: NOT_SERVING while open, SERVING again once it half-opens", async () => {
     const failing = new FakeProvider({ failAll: true, delayMs: 0 });
     const runtime = buildImageRuntime(
-      imagesConfigSchema.parse({ circuitBreaker: { failureThreshold: 1, openDurationMs: 100 } }),
+      // Open for 500 ms: long enough that a stalled machine still sees the open circuit below.
+      imagesConfigSchema.parse({ circuitBreaker: { failureThreshold: 1, openDurationMs: 500 } }),
       { extraProviders: [failing] },
     );
     const health = new Readiness(new HealthRegistry()).forModule("images");
@@ -29,9 +31,10 @@ describe("images: provider health", () => {
       published.refresh();
       expect(health.get(name)).to.equal(ServingStatus.NOT_SERVING);
       expect(health.get(providerHealthName("svc", "reference"))).to.equal(ServingStatus.SERVING);
-      await new Promise((r) => setTimeout(r, 150));
-      published.refresh();
-      expect(health.get(name)).to.equal(ServingStatus.SERVING);
+      await eventually(() => {
+        published.refresh();
+        expect(health.get(name)).to.equal(ServingStatus.SERVING);
+      });
     } finally {
       published.stop();
       await runtime.shutdown();

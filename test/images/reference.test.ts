@@ -1,7 +1,7 @@
 import { expect } from "chai";
 import sharp from "sharp";
 import { imagesConfigSchema } from "../../src/images/config.js";
-import { createImageRequest, type ImageRequestInit, type ProviderEvent } from "../../src/images/contract/types.js";
+import { createImageRequest, type ImageRequestInit, type ProviderEvent } from "../../src/images/model.js";
 import { validateCapabilities } from "../../src/images/core/capabilities.js";
 import type { ImageError } from "../../src/images/core/errors.js";
 import type { ProviderContext } from "../../src/images/core/provider.js";
@@ -112,14 +112,9 @@ describe("images: reference provider", () => {
     const second = await p.execute(request({ session: { mode: "persistent", key: "k1" } }), context());
     expect(first.session?.reused).to.equal(false);
     expect(second.session).to.deep.equal({ key: "k1", threadId: first.session!.threadId, reused: true });
-    expect(await p.getSession("k1")).to.deep.equal({ key: "k1", threadId: first.session!.threadId, reused: true });
-    await p.deleteSession("k1");
-    try {
-      await p.getSession("k1");
-      expect.fail("expected session");
-    } catch (error) {
-      expect((error as ImageError).code).to.equal("session");
-    }
+    const other = await p.execute(request({ session: { mode: "persistent", key: "k2" } }), context());
+    expect(other.session?.reused).to.equal(false);
+    expect(other.session?.threadId).to.not.equal(first.session!.threadId);
   });
 
   it("stops when cancelled", async () => {

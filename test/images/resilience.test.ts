@@ -1,8 +1,14 @@
 import { expect } from "chai";
-import { ImageError } from "../../src/images/core/errors.js";
+import { breakerVerdictOf, ImageError, type ErrorCode } from "../../src/images/core/errors.js";
 import { AdmissionGate } from "../../src/images/runtime/admission.js";
-import { CircuitBreaker, DEFAULT_CIRCUIT_BREAKER } from "../../src/images/runtime/circuit-breaker.js";
+import {
+  CircuitBreaker,
+  DEFAULT_CIRCUIT_BREAKER,
+  type BreakerPermit,
+  type ErrorClassifier,
+} from "../../src/images/runtime/circuit-breaker.js";
 import { ProviderRegistry } from "../../src/images/runtime/registry.js";
+import { FakeClock } from "../support/index.js";
 import { rejection } from "./helpers.js";
 
 
@@ -65,73 +71,91 @@ describe("images: admission gate", () => {
 });
 
 describe("images: circuit breaker", () => {
-  let now = 0;
-  const clock = () => now;
-  const breaker = (change = {}) => new CircuitBreaker("p", { ...DEFAULT_CIRCUIT_BREAKER, failureThreshold: 2, openDurationMs: 1000, ...change }, clock);
+  let clock = new FakeClock();
+  const breaker = (change = {}, classify: ErrorClassifier = breakerVerdictOf) =>
+    new CircuitBreaker("p", { ...DEFAULT_CIRCUIT_BREAKER, failureThreshold: 2, openDurationMs: 1000, ...change }, classify, clock.now);
+  /** A permit, failing the test when the circuit refuses. */
+  const admitted = (b: CircuitBreaker): BreakerPermit => {
+    const admission = b.admit();
+    if (!admission.admitted) throw new Error(`refused while ${admission.state}`);
+    return admission.permit;
+  };
+  const fail = (b: CircuitBreaker, code: ErrorCode) => admitted(b).failed(new ImageError(code, "m"));
   beforeEach(() => {
-    now = 1_000_000;
+    clock = new FakeClock(1_000_000);
   });
 
-  it("opens after consecutive failures and rejects with retry_after_ms", () => {
+  it("opens after consecutive failures and refuses with the time until it half-opens", () => {
     const b = breaker();
-    b.acquire().record("upstream");
-    b.acquire().record("invalid_request"); // neutral: neither counts nor resets
-    b.acquire().record("timeout");
+    fail(b, "upstream");
+    fail(b, "invalid_request"); // neutral: neither counts nor resets
+    fail(b, "timeout");
     expect(b.snapshot().state).to.equal("open");
-    now += 400;
-    const error = thrown(() => b.acquire());
-    expect(error.code).to.equal("overloaded");
-    expect(error.retryable).to.equal(true);
-    expect(error.details).to.deep.equal({ circuit_state: "open", retry_after_ms: 600 });
+    clock.advance(400);
+    expect(b.admit()).to.deep.equal({ admitted: false, state: "open", retryAfterMs: 600 });
     expect(b.snapshot().rejectedCalls).to.equal(1);
   });
 
   it("resets the count on success", () => {
     const b = breaker();
-    b.acquire().record("upstream");
-    b.acquire().record(undefined);
-    b.acquire().record("upstream");
+    fail(b, "upstream");
+    admitted(b).succeeded();
+    fail(b, "upstream");
     expect(b.snapshot()).to.deep.include({ state: "closed", consecutiveFailures: 1 });
   });
 
   it("probes half-open, closes on success and re-opens on anything else", () => {
     const b = breaker();
-    b.acquire().record("upstream");
-    b.acquire().record("upstream");
-    now += 1000;
-    const probe = b.acquire();
+    fail(b, "upstream");
+    fail(b, "upstream");
+    clock.advance(1000);
+    const probe = admitted(b);
     expect(b.snapshot().state).to.equal("half_open");
-    expect(thrown(() => b.acquire()).details["circuit_state"]).to.equal("half_open");
-    probe.record(undefined);
+    expect(b.admit()).to.deep.equal({ admitted: false, state: "half_open" });
+    probe.succeeded();
     expect(b.snapshot().state).to.equal("closed");
 
-    b.acquire().record("overloaded");
-    b.acquire().record("rate_limited");
-    now += 1000;
-    b.acquire().record("cancelled"); // neutral in half-open re-opens
+    fail(b, "overloaded");
+    fail(b, "rate_limited");
+    clock.advance(1000);
+    fail(b, "cancelled"); // neutral in half-open re-opens
     expect(b.snapshot().state).to.equal("open");
   });
 
   it("ignores results from an earlier epoch and frees abandoned probes", () => {
     const b = breaker();
-    const stale = b.acquire();
-    b.acquire().record("upstream");
-    b.acquire().record("upstream");
-    now += 1000;
-    stale.record(undefined); // issued while closed: ignored
-    const probe = b.acquire();
+    const stale = admitted(b);
+    fail(b, "upstream");
+    fail(b, "upstream");
+    clock.advance(1000);
+    stale.succeeded(); // issued while closed: ignored
+    const probe = admitted(b);
     expect(b.snapshot().state).to.equal("half_open");
     probe.abandon();
-    b.acquire().record(undefined);
+    admitted(b).succeeded();
     expect(b.snapshot().state).to.equal("closed");
     expect(b.snapshot().transitions).to.equal(3);
   });
 
+  it("counts failures by the classifier it is given, knowing no error type itself", () => {
+    const plain = new Error("connection reset");
+    const images = breaker();
+    for (let i = 0; i < 3; i += 1) admitted(images).failed(plain);
+    expect(images.snapshot()).to.deep.include({ state: "closed", consecutiveFailures: 0 });
+
+    const strict = breaker({}, (error) => (error === plain ? "failure" : "neutral"));
+    admitted(strict).failed(plain);
+    admitted(strict).failed(new ImageError("upstream", "m")); // neutral for this classifier
+    expect(strict.snapshot().consecutiveFailures).to.equal(1);
+    admitted(strict).failed(plain);
+    expect(strict.snapshot().state).to.equal("open");
+  });
+
   it("does nothing when disabled and validates its limits", () => {
     const b = breaker({ enabled: false });
-    for (let i = 0; i < 10; i += 1) b.acquire().record("upstream");
+    for (let i = 0; i < 10; i += 1) fail(b, "upstream");
     expect(b.snapshot().state).to.equal("closed");
-    expect(() => breaker({ failureThreshold: 0 })).to.throw(ImageError);
+    expect(() => breaker({ failureThreshold: 0 })).to.throw(RangeError, /failureThreshold/);
   });
 });
 
@@ -140,7 +164,7 @@ describe("images: provider registry", () => {
     name,
     provider: {} as never,
     gate: new AdmissionGate(`provider:${name}`, {}),
-    breaker: new CircuitBreaker(name, DEFAULT_CIRCUIT_BREAKER),
+    breaker: new CircuitBreaker(name, DEFAULT_CIRCUIT_BREAKER, breakerVerdictOf),
   });
 
   it("orders providers by name and resolves the default", () => {

@@ -1,9 +1,14 @@
 import { expect } from "chai";
 import { imagesConfigSchema } from "../../src/images/config.js";
-import { createImageRequest, type ImageRequestInit } from "../../src/images/contract/types.js";
-import { ImageError } from "../../src/images/core/errors.js";
+import { createImageRequest, type ImageRequestInit } from "../../src/images/model.js";
+import { breakerVerdictOf, ImageError } from "../../src/images/core/errors.js";
+import { DEFAULT_REQUEST_LIMITS, type RequestLimits } from "../../src/images/core/validation.js";
 import { buildImageRuntime } from "../../src/images/build.js";
-import { checkOutputSet } from "../../src/images/runtime/runtime.js";
+import { OutputFanoutProvider } from "../../src/images/fanout/provider.js";
+import { AdmissionGate } from "../../src/images/runtime/admission.js";
+import { CircuitBreaker, DEFAULT_CIRCUIT_BREAKER } from "../../src/images/runtime/circuit-breaker.js";
+import { ProviderRegistry } from "../../src/images/runtime/registry.js";
+import { checkOutputSet, ImageRuntime } from "../../src/images/runtime/runtime.js";
 import { FakeProvider, fakeCapabilities, type FakeOptions } from "./fake-provider.js";
 import { ProbeProvider } from "./probe-provider.js";
 import { rejection } from "./helpers.js";
@@ -83,8 +88,8 @@ describe("images: runtime", () => {
         data: data.map((index) => ({ index })),
         failures: failures.map((index) => ({ index })),
       } as unknown as Parameters<typeof checkOutputSet>[1];
-      if (ok) expect(() => checkOutputSet(req, response)).to.not.throw();
-      else expect(() => checkOutputSet(req, response)).to.throw(ImageError).with.property("code", "protocol");
+      if (ok) expect(() => checkOutputSet(req.parameters, response)).to.not.throw();
+      else expect(() => checkOutputSet(req.parameters, response)).to.throw(ImageError).with.property("code", "protocol");
     });
   }
 
@@ -124,6 +129,60 @@ describe("images: runtime", () => {
       await runtime.shutdown();
     });
   }
+
+  it("answers a retryable timeout when no chunk of a batch got a fan-out permit before the deadline", async () => {
+    const probe = new ProbeProvider("probe", 2000);
+    const runtime = runtimeWith(probe);
+    const controller = new AbortController();
+    const first = runtime.execute(request({ parameters: { n: 2 } }), options(controller.signal));
+    await probe.whenStarted(2);
+    for (let i = 0; i < 3; i++) {
+      const error = await rejection(runtime.execute(request({ parameters: { n: 2 }, timeoutMs: 50 }), options()));
+      expect([error.code, error.retryable], error.message).to.deep.equal(["timeout", true]);
+      expect(error.details).to.not.have.property("outcome");
+    }
+    expect(probe.started).to.equal(2);
+    controller.abort();
+    await rejection(first);
+    expect(runtime.registry.resolve("probe").breaker.snapshot().consecutiveFailures).to.equal(0);
+    await runtime.shutdown();
+  });
+
+  it("validates a request and fetches the provider's capabilities once", async () => {
+    let validations = 0;
+    const limits: RequestLimits = {
+      ...DEFAULT_REQUEST_LIMITS,
+      // Read once by every validation of a request with a prompt.
+      get maxPromptBytes() {
+        validations += 1;
+        return DEFAULT_REQUEST_LIMITS.maxPromptBytes;
+      },
+    };
+    const fake = new FakeProvider({ delayMs: 1 });
+    const entry = {
+      name: "fanout-test",
+      provider: new OutputFanoutProvider(fake, { maxOutputs: 4, maxParallelOutputs: 2 }, limits),
+      gate: new AdmissionGate("provider:fanout-test", {}),
+      breaker: new CircuitBreaker("fanout-test", DEFAULT_CIRCUIT_BREAKER, breakerVerdictOf),
+    };
+    const runtime = new ImageRuntime(new ProviderRegistry([entry], "fanout-test"), {
+      limits,
+      defaultTimeoutMs: 5000,
+      cancellationGraceMs: 100,
+      globalAdmission: {},
+    });
+    for (const n of [1, 3]) {
+      validations = 0;
+      fake.capabilityCalls = 0;
+      await runtime.execute(request({ parameters: { n } }), options());
+      expect([validations, fake.capabilityCalls], `n=${n}`).to.deep.equal([1, 1]);
+    }
+    // The streaming path: prepared before the stream starts, then run.
+    validations = 0;
+    fake.capabilityCalls = 0;
+    await runtime.run(runtime.prepare(request({ parameters: { n: 3 } })), options());
+    expect([validations, fake.capabilityCalls]).to.deep.equal([1, 1]);
+  });
 
   it("rejects a model the reference provider does not serve, without tripping its breaker", async () => {
     const runtime = buildImageRuntime(imagesConfigSchema.parse({ reference: { latencyMs: 0, defaultSize: "64x64" } }));

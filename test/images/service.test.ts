@@ -6,10 +6,9 @@ import { expect } from "chai";
 import sharp from "sharp";
 import { ImageService } from "../../gen/mmgate/images/v1/image_service_pb.js";
 import * as pb from "../../gen/mmgate/images/v1/images_pb.js";
-import { imagesConfigSchema } from "../../src/images/config.js";
-import { createImagesInstance, imagesModule } from "../../src/images/index.js";
-import { defineModule } from "../../src/server/index.js";
-import { grpcServerStream, grpcUnary, startServer, type GrpcClient, type InProcessServer } from "../support/server.js";
+import { ImageError } from "../../src/images/core/errors.js";
+import { defineImagesModule, imagesModule } from "../../src/images/index.js";
+import { eventually, expectRejection, grpcServerStream, grpcUnary, startServer, type GrpcClient, type InProcessServer } from "../support/index.js";
 import { ProbeProvider } from "./probe-provider.js";
 
 const PROTO = "mmgate/images/v1/image_service.proto";
@@ -40,14 +39,7 @@ function errorDetailOf(error: grpc.ServiceError): pb.ErrorDetail {
   throw new Error("no ErrorDetail in the status");
 }
 
-async function grpcError(promise: Promise<unknown>): Promise<grpc.ServiceError> {
-  try {
-    await promise;
-  } catch (error) {
-    return error as grpc.ServiceError;
-  }
-  throw new Error("expected a gRPC error");
-}
+const grpcError = (promise: Promise<unknown>) => expectRejection<grpc.ServiceError>(promise);
 
 describe("images: ImageService over gRPC (reference provider)", function () {
   this.timeout(30_000);
@@ -272,21 +264,33 @@ describe("images: ImageService over gRPC (reference provider)", function () {
   });
 });
 
+describe("images: error mapping", () => {
+  it("is the module's: an ImageError becomes its status, detail and retry-after; anything else is the host's", () => {
+    const mapError = imagesModule.mapError;
+    expect(mapError, "imagesModule.mapError").to.be.a("function");
+    const limited = mapError!(new ImageError("rate_limited", "slow down", { retryable: true, details: { retry_after_ms: 2500 } }));
+    expect(limited?.code).to.equal(Code.ResourceExhausted);
+    expect(limited?.metadata.get("retry-after")).to.equal("3");
+    const [detail] = limited!.findDetails(pb.ErrorDetailSchema);
+    expect(detail).to.deep.include({ code: pb.ErrorCode.RATE_LIMITED, message: "slow down", retryable: true });
+    expect(mapError!(new ImageError("invalid_request", "bad"))?.code).to.equal(Code.InvalidArgument);
+    expect(mapError!(new Error("a bug"))).to.equal(undefined);
+    expect(mapError!("a string")).to.equal(undefined);
+  });
+});
+
 describe("images: ImageService cancellation, deadlines and breaker", function () {
   this.timeout(30_000);
   let server: InProcessServer;
   let probe: ProbeProvider;
+  /** A provider whose capabilities lookup has a bug. */
+  const broken = new ProbeProvider("broken");
+  broken.capabilities = () => Promise.reject(new TypeError("cannot read properties of undefined"));
 
   before(async () => {
     probe = new ProbeProvider("probe");
-    const module = defineModule({
-      name: "images",
-      description: "images with a probe provider",
-      configSchema: imagesConfigSchema,
-      create: (ctx) => createImagesInstance(ctx, { extraProviders: [probe] }),
-    });
     server = await startServer({
-      modules: [module],
+      modules: [defineImagesModule({ extraProviders: [probe, broken] })],
       config: {
         images: {
           cancellationGraceMs: 200,
@@ -298,6 +302,20 @@ describe("images: ImageService cancellation, deadlines and breaker", function ()
   });
   after(async () => server?.close());
 
+  it("leaves an error that is no ImageError to the host: INTERNAL naming the request id, no detail, no leaked text", async () => {
+    const images = createClient(ImageService, server.transport);
+    try {
+      await images.getCapabilities({ provider: "broken" }, { headers: { "x-request-id": "broken-caps-1" } });
+      expect.fail("expected an error");
+    } catch (error) {
+      const e = ConnectError.from(error);
+      expect(e.code).to.equal(Code.Internal);
+      expect(e.rawMessage).to.include("broken-caps-1");
+      expect(e.rawMessage).to.not.include("cannot read");
+      expect(e.findDetails(pb.ErrorDetailSchema)).to.have.length(0);
+    }
+  });
+
   it("delivers client cancellation to the provider (grpc-js)", async () => {
     const client = server.grpcClient(PROTO, SERVICE);
     const before = probe.started;
@@ -308,8 +326,7 @@ describe("images: ImageService cancellation, deadlines and breaker", function ()
     });
     const error = await grpcError(call);
     expect(error.code).to.equal(grpc.status.CANCELLED);
-    for (let i = 0; i < 100 && probe.aborted === 0; i += 1) await new Promise((r) => setTimeout(r, 20));
-    expect(probe.aborted).to.be.at.least(1);
+    await eventually(() => expect(probe.aborted).to.be.at.least(1));
   });
 
   it("delivers client cancellation to the provider (connect unary)", async () => {
@@ -318,25 +335,22 @@ describe("images: ImageService cancellation, deadlines and breaker", function ()
     const abortedBefore = probe.aborted;
     const startedBefore = probe.started;
     void probe.whenStarted(startedBefore + 1).then(() => controller.abort());
-    try {
-      await images.generate({ request: { prompt: "wait", operation: { case: "generate", value: {} }, routing: { provider: "probe" } } }, { signal: controller.signal });
-      expect.fail("expected cancellation");
-    } catch (error) {
-      expect(ConnectError.from(error).code).to.equal(Code.Canceled);
-    }
-    for (let i = 0; i < 100 && probe.aborted === abortedBefore; i += 1) await new Promise((r) => setTimeout(r, 20));
-    expect(probe.aborted).to.equal(abortedBefore + 1);
+    await expectRejection(
+      images.generate({ request: { prompt: "wait", operation: { case: "generate", value: {} }, routing: { provider: "probe" } } }, { signal: controller.signal }),
+      { type: ConnectError, code: Code.Canceled },
+    );
+    await eventually(() => expect(probe.aborted).to.equal(abortedBefore + 1));
   });
 
   it("turns a client deadline into DEADLINE_EXCEEDED and aborts the provider", async () => {
     const client = server.grpcClient(PROTO, SERVICE);
     const abortedBefore = probe.aborted;
     const error = await grpcError(
-      grpcUnary(client, "Generate", { request: { prompt: "wait", generate: {}, routing: { provider: "probe" } } }, { deadline: new Date(Date.now() + 300) }),
+      // A deadline far enough out that the call reaches the provider first, on a stalled machine too.
+      grpcUnary(client, "Generate", { request: { prompt: "wait", generate: {}, routing: { provider: "probe" } } }, { deadline: new Date(Date.now() + 1000) }),
     );
     expect(error.code).to.equal(grpc.status.DEADLINE_EXCEEDED);
-    for (let i = 0; i < 100 && probe.aborted === abortedBefore; i += 1) await new Promise((r) => setTimeout(r, 20));
-    expect(probe.aborted).to.equal(abortedBefore + 1);
+    await eventually(() => expect(probe.aborted).to.equal(abortedBefore + 1));
   });
 
   it("reports a request timeout_ms as timeout with an unknown outcome", async () => {

@@ -1,5 +1,5 @@
 import { expect } from "chai";
-import { createImageRequest, type ImageRequest, type ImageRequestInit } from "../../src/images/contract/types.js";
+import { createImageRequest, type ImageRequest, type ImageRequestInit } from "../../src/images/model.js";
 import { ImageError } from "../../src/images/core/errors.js";
 import {
   collectIssues,

@@ -4,9 +4,9 @@ import { expect } from "chai";
 import * as pb from "../../gen/mmgate/images/v1/images_pb.js";
 import { ERROR_CODES, ImageError } from "../../src/images/core/errors.js";
 import { DEFAULT_REQUEST_LIMITS } from "../../src/images/core/validation.js";
-import { GRPC_STATUS, errorFromProto, errorToProto, reduceAspectRatio, requestFromProto, toConnectError } from "../../src/images/wire.js";
+import { GRPC_STATUS, errorToProto, reduceAspectRatio, requestFromProto, toConnectError } from "../../src/images/proto-convert.js";
 
-describe("images: wire conversion", () => {
+describe("images: protobuf conversion", () => {
   it("fills every default from an almost empty request", () => {
     const request = requestFromProto(create(pb.ImageRequestSchema, { prompt: "p", operation: { case: "generate", value: {} } }));
     expect(request).to.deep.include({ version: "1", prompt: "p", responseFormat: "bytes" });
@@ -68,12 +68,14 @@ describe("images: wire conversion", () => {
     expect(reduceAspectRatio("x")).to.equal("x");
   });
 
-  it("maps every error code to a status and round-trips the detail", () => {
+  it("maps every error code to a status and carries the error in the detail", () => {
     for (const code of ERROR_CODES) {
       expect(GRPC_STATUS[code], code).to.be.a("number");
       const error = new ImageError(code, "m", { retryable: true, provider: "p", details: { field: "x", n: 1 } });
-      const back = errorFromProto(errorToProto(error));
-      expect(back.toJSON()).to.deep.equal(error.toJSON());
+      const detail = errorToProto(error);
+      expect(pb.ErrorCode[detail.code]?.toLowerCase()).to.equal(code);
+      expect(detail).to.deep.include({ message: "m", retryable: true, provider: "p", details: { field: "x", n: 1 } });
+      expect(detail.suggestions).to.deep.equal(error.suggestions);
     }
     expect(GRPC_STATUS.invalid_request).to.equal(Code.InvalidArgument);
     expect(GRPC_STATUS.rate_limited).to.equal(Code.ResourceExhausted);
