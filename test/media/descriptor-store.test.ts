@@ -10,6 +10,7 @@ import {
   parseDescriptorJson,
 } from "../../src/media/descriptor.js";
 import { TensorStore } from "../../src/media/tensor-store.js";
+import { expectRejection, FakeClock } from "../support/index.js";
 import { MediaError } from "../../src/media/errors.js";
 import type { MediaTensorInfo } from "../../src/media/tensor.js";
 
@@ -66,11 +67,6 @@ describe("media descriptor", () => {
 });
 
 describe("tensor store", () => {
-  function manualClock() {
-    let t = 1_000;
-    return { now: () => t, advance: (ms: number) => (t += ms) };
-  }
-
   it("stores under distinct nonzero handles and releases once", () => {
     const store = new TensorStore({ maxBytes: 100, ttlMs: 60_000 });
     const a = store.put(new Uint8Array(10), IMAGE_INFO, 1n);
@@ -99,21 +95,15 @@ describe("tensor store", () => {
     expect(evicted).to.deep.equal(["2:evicted"]);
   });
 
-  it("refuses a tensor larger than the whole budget", () => {
+  it("refuses a tensor larger than the whole budget", async () => {
     const store = new TensorStore({ maxBytes: 30, ttlMs: 60_000 });
     const kept = store.put(new Uint8Array(30), IMAGE_INFO, 1n);
-    try {
-      store.put(new Uint8Array(31), IMAGE_INFO, 2n);
-      expect.fail("expected a refusal");
-    } catch (error) {
-      expect(error).to.be.instanceOf(MediaError);
-      expect((error as MediaError).code).to.equal("TENSOR_TOO_LARGE_FOR_STORE");
-    }
+    await expectRejection(() => store.put(new Uint8Array(31), IMAGE_INFO, 2n), { type: MediaError, code: "TENSOR_TOO_LARGE_FOR_STORE" });
     expect(store.get(kept)).not.to.equal(undefined);
   });
 
   it("expires tensors after their TTL, counted from when they were stored", () => {
-    const clock = manualClock();
+    const clock = new FakeClock(1_000);
     const store = new TensorStore({ maxBytes: 100, ttlMs: 1_000, clock });
     const a = store.put(new Uint8Array(5), IMAGE_INFO, 1n);
     clock.advance(600);

@@ -3,19 +3,12 @@ import { xxh3 } from "@node-rs/xxhash";
 import sharp from "sharp";
 import { decodeImage, DEFAULT_MAX_ALLOC, type ImageDecoderLimits } from "../../src/media/image-decoder.js";
 import { MediaError } from "../../src/media/errors.js";
+import { expectRejection } from "../support/index.js";
 import { claimedPng, encodeRaw, pattern } from "./fixtures.js";
 
 const DEFAULT_LIMITS: ImageDecoderLimits = { maxImageWidth: null, maxImageHeight: null, maxAlloc: DEFAULT_MAX_ALLOC };
 
-async function rejects(promise: Promise<unknown>): Promise<MediaError> {
-  try {
-    await promise;
-  } catch (error) {
-    expect(error).to.be.instanceOf(MediaError);
-    return error as MediaError;
-  }
-  throw new Error("expected a rejection");
-}
+const rejects = (promise: Promise<unknown>) => expectRejection(promise, { type: MediaError });
 
 function ruleHash(shape: number[], bytes: Uint8Array): bigint {
   const head = Buffer.alloc(8 * (shape.length + 1) + 1);

@@ -3,6 +3,7 @@ import * as http from "node:http";
 import type { AddressInfo } from "node:net";
 import { MediaError, type MediaErrorCode } from "../../src/media/errors.js";
 import { decodeDataUrl, fetchMedia, type FetchPolicy, type Resolver } from "../../src/media/fetcher.js";
+import { expectRejection } from "../support/index.js";
 import {
   BLOCKED_HOSTS,
   BLOCKED_IP_NETWORKS,
@@ -265,12 +266,8 @@ describe("media fetcher against a local HTTP server", function () {
 
   it("maps 4xx to INVALID_ARGUMENT and 5xx to UNAVAILABLE", async () => {
     for (const [path, status] of [["missing", 3], ["broken", 14]] as const) {
-      try {
-        await fetchMedia(`http://127.0.0.1:${port}/${path}`, loopback);
-        expect.fail("expected an error");
-      } catch (error) {
-        expect((error as MediaError).status, path).to.equal(status);
-      }
+      const error = await expectRejection(fetchMedia(`http://127.0.0.1:${port}/${path}`, loopback), { type: MediaError });
+      expect(error.status, path).to.equal(status);
     }
   });
 

@@ -3,17 +3,8 @@ import * as grpc from "@grpc/grpc-js";
 import { expect } from "chai";
 import { Health, HealthCheckResponse_ServingStatus as S } from "../../gen/grpc/health/v1/health_pb.js";
 import { AdminService } from "../../gen/mmgate/admin/v1/admin_pb.js";
-import type { GrpcClient, InProcessServer } from "../support/server.js";
-import { grpcServerStream, grpcUnary, startServer } from "../support/server.js";
-
-/** Resolves once `predicate` holds, polling briefly; fails loudly after 10 s. */
-async function until(predicate: () => boolean, what: string): Promise<void> {
-  const end = Date.now() + 10_000;
-  while (!predicate()) {
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 10));
-  }
-}
+import type { GrpcClient, InProcessServer } from "../support/index.js";
+import { eventually, expectRejection, grpcServerStream, grpcUnary, startServer } from "../support/index.js";
 
 describe("grpc.health.v1", () => {
   let server: InProcessServer;
@@ -33,24 +24,26 @@ describe("grpc.health.v1", () => {
   });
 
   it("answers Check for an unknown service with NOT_FOUND", async () => {
-    const err = await grpcUnary(health, "Check", { service: "no.such.Service" }).catch((e: grpc.ServiceError) => e);
-    expect((err as grpc.ServiceError).code).to.equal(grpc.status.NOT_FOUND);
+    await expectRejection(grpcUnary(health, "Check", { service: "no.such.Service" }), { code: grpc.status.NOT_FOUND });
   });
 
   it("Watch sends the current status, then every change", async () => {
     const admin = createClient(AdminService, server.transport);
     const seen: string[] = [];
-    const done = grpcServerStream<{ status: string }>(health, "Watch", { service: "mmgate.admin.v1.AdminService" }, {
-      onMessage: (m, call) => {
-        seen.push(m.status);
-        if (seen.length === 3) call.cancel();
-      },
-    }).catch((e: grpc.ServiceError) => e);
-    await until(() => seen.length === 1, "the first status");
+    const cancelled = expectRejection(
+      grpcServerStream<{ status: string }>(health, "Watch", { service: "mmgate.admin.v1.AdminService" }, {
+        onMessage: (m, call) => {
+          seen.push(m.status);
+          if (seen.length === 3) call.cancel();
+        },
+      }),
+      { code: grpc.status.CANCELLED },
+    );
+    await eventually(() => expect(seen).to.deep.equal(["SERVING"]));
     await admin.setServingStatus({ service: "mmgate.admin.v1.AdminService", serving: false });
-    await until(() => seen.length === 2, "NOT_SERVING");
+    await eventually(() => expect(seen).to.deep.equal(["SERVING", "NOT_SERVING"]));
     await admin.setServingStatus({ service: "mmgate.admin.v1.AdminService", serving: true });
-    expect(((await done) as grpc.ServiceError).code).to.equal(grpc.status.CANCELLED);
+    await cancelled;
     expect(seen).to.deep.equal(["SERVING", "NOT_SERVING", "SERVING"]);
   });
 
@@ -69,17 +62,18 @@ describe("grpc.health.v1", () => {
   it("Watch sees NOT_SERVING when the server drains, then the stream ends with OK", async () => {
     const seen: string[] = [];
     const watch = grpcServerStream<{ status: string }>(health, "Watch", { service: "" }, { onMessage: (m) => seen.push(m.status) });
+    const connectSeen: S[] = [];
     const connectWatch = (async () => {
-      const statuses: S[] = [];
       for await (const res of createClient(Health, server.transport).watch({ service: "mmgate.admin.v1.AdminService" })) {
-        statuses.push(res.status);
+        connectSeen.push(res.status);
       }
-      return statuses;
     })();
-    await until(() => seen.length === 1, "the first status");
+    // Both streams are open (each has its first status) before the drain starts.
+    await eventually(() => expect([seen.length, connectSeen.length]).to.deep.equal([1, 1]));
     await server.host.shutdown();
     expect(await watch).to.deep.equal([{ status: "SERVING" }, { status: "NOT_SERVING" }]);
-    expect(await connectWatch).to.deep.equal([S.SERVING, S.NOT_SERVING]);
+    await connectWatch;
+    expect(connectSeen).to.deep.equal([S.SERVING, S.NOT_SERVING]);
   });
 
   it("readyz follows the server's status; healthz stays up", async () => {
@@ -89,7 +83,6 @@ describe("grpc.health.v1", () => {
     expect((await fetch(`http://${server.adminAddr}/readyz`)).status).to.equal(503);
     expect((await fetch(`http://${server.adminAddr}/healthz`)).status).to.equal(200);
     expect((await createClient(Health, server.transport).check({ service: "" })).status).to.equal(S.NOT_SERVING);
-    const err = await admin.setServingStatus({ service: "nope", serving: true }).catch((e: unknown) => ConnectError.from(e));
-    expect((err as ConnectError).code).to.equal(Code.NotFound);
+    await expectRejection(admin.setServingStatus({ service: "nope", serving: true }), { type: ConnectError, code: Code.NotFound });
   });
 });

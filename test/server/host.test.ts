@@ -4,11 +4,11 @@ import * as grpc from "@grpc/grpc-js";
 import { expect } from "chai";
 import { Health, HealthCheckResponse_ServingStatus as S } from "../../gen/grpc/health/v1/health_pb.js";
 import { AdminService } from "../../gen/mmgate/admin/v1/admin_pb.js";
-import type { InProcessServer } from "../support/server.js";
+import type { InProcessServer } from "../support/index.js";
 import { pino } from "pino";
 import { z } from "zod";
 import { defineModule, resolveConfig, startHost } from "../../src/server/index.js";
-import { grpcJsClient, grpcUnary, startServer } from "../support/server.js";
+import { expectRejection, grpcJsClient, grpcUnary, startServer } from "../support/index.js";
 
 /** One raw request over HTTP/2 (gRPC by default), returning the HTTP status, headers, trailers and body. */
 function rawGrpc(addr: string, path: string, body: Uint8Array | string, headers: http2.OutgoingHttpHeaders = {}) {
@@ -127,12 +127,11 @@ describe("server host", () => {
 
     it("rejects a message over the receive limit with RESOURCE_EXHAUSTED", async () => {
       const health = server.grpcClient("grpc/health/v1/health.proto", "grpc.health.v1.Health");
-      const err = await grpcUnary(health, "Check", { service: "x".repeat(5000) }).catch((e: grpc.ServiceError) => e);
-      expect((err as grpc.ServiceError).code).to.equal(grpc.status.RESOURCE_EXHAUSTED);
-      const viaConnect = await createClient(Health, server.transport)
-        .check({ service: "y".repeat(5000) })
-        .catch((e: unknown) => ConnectError.from(e));
-      expect((viaConnect as ConnectError).code).to.equal(Code.ResourceExhausted);
+      await expectRejection(grpcUnary(health, "Check", { service: "x".repeat(5000) }), { code: grpc.status.RESOURCE_EXHAUSTED });
+      await expectRejection(createClient(Health, server.transport).check({ service: "y".repeat(5000) }), {
+        type: ConnectError,
+        code: Code.ResourceExhausted,
+      });
       // A frame that only claims to be huge is refused from its header.
       const claimed = await rawGrpc(server.addr, CHECK, envelope(new Uint8Array(2), 0x7fffffff));
       expect(grpcStatus(claimed)).to.equal(Code.ResourceExhausted);
@@ -165,19 +164,15 @@ describe("server host", () => {
 
     it("requires the bearer token on admin and mutating methods, over grpc-js and connect", async () => {
       const admin = server.grpcClient("mmgate/admin/v1/admin.proto", "mmgate.admin.v1.AdminService");
-      const noToken = await grpcUnary(admin, "GetConfig", {}).catch((e: grpc.ServiceError) => e);
-      expect((noToken as grpc.ServiceError).code).to.equal(grpc.status.UNAUTHENTICATED);
+      await expectRejection(grpcUnary(admin, "GetConfig", {}), { code: grpc.status.UNAUTHENTICATED });
       const wrong = new grpc.Metadata();
       wrong.set("authorization", "Bearer not-the-token");
-      const wrongToken = await grpcUnary(admin, "GetConfig", {}, { metadata: wrong }).catch((e: grpc.ServiceError) => e);
-      expect((wrongToken as grpc.ServiceError).code).to.equal(grpc.status.UNAUTHENTICATED);
-      const mutating = await grpcUnary(admin, "SetServingStatus", { service: "", serving: false }).catch((e: grpc.ServiceError) => e);
-      expect((mutating as grpc.ServiceError).code).to.equal(grpc.status.UNAUTHENTICATED);
+      await expectRejection(grpcUnary(admin, "GetConfig", {}, { metadata: wrong }), { code: grpc.status.UNAUTHENTICATED });
+      await expectRejection(grpcUnary(admin, "SetServingStatus", { service: "", serving: false }), { code: grpc.status.UNAUTHENTICATED });
 
       const client = createClient(AdminService, server.transport);
       for (const headers of [{}, { authorization: "Basic abc" }, { authorization: `Bearer ${token}x` }]) {
-        const err = await client.getConfig({}, { headers }).catch((e: unknown) => ConnectError.from(e));
-        expect((err as ConnectError).code).to.equal(Code.Unauthenticated);
+        await expectRejection(client.getConfig({}, { headers }), { type: ConnectError, code: Code.Unauthenticated });
       }
       // The server's status did not change through the refused call.
       expect((await client.getStatus({})).services.every((s) => s.status === S.SERVING)).to.equal(true);
@@ -301,9 +296,9 @@ describe("server host", () => {
         },
       });
       const config = resolveConfig({ listen: "127.0.0.1:0", adminListen: "" }, [ok, broken]);
-      let error: unknown;
-      await startHost({ config, modules: [ok, broken], logger: pino({ level: "silent" }), version: "test" }).catch((e: unknown) => (error = e));
-      expect((error as Error).message).to.equal("cannot start");
+      await expectRejection(startHost({ config, modules: [ok, broken], logger: pino({ level: "silent" }), version: "test" }), {
+        message: /^cannot start$/,
+      });
       expect(closed).to.deep.equal(["first"]);
     });
   });

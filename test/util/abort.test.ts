@@ -1,5 +1,6 @@
 import { expect } from "chai";
 import { raceAbort, untilAborted } from "../../src/util/index.js";
+import { eventually, expectRejection } from "../support/index.js";
 
 /** An async source that yields `values`, then waits until `release` resolves. */
 function source(values: number[], release: Promise<void>, onReturn: () => void): AsyncIterable<number> {
@@ -30,7 +31,8 @@ describe("untilAborted", () => {
     const done = (async () => {
       for await (const v of untilAborted(source([1], new Promise(() => undefined), () => undefined), controller.signal)) out.push(v);
     })();
-    await new Promise((r) => setTimeout(r, 10));
+    // The value is through and the source waits.
+    await eventually(() => expect(out).to.deep.equal([1]));
     controller.abort();
     await done;
     expect(out).to.deep.equal([1]);
@@ -46,15 +48,14 @@ describe("untilAborted", () => {
 describe("raceAbort", () => {
   it("settles with the work when the signal stays quiet", async () => {
     expect(await raceAbort(Promise.resolve(7), new AbortController().signal)).to.equal(7);
-    const failed = await raceAbort(Promise.reject(new Error("work failed")), new AbortController().signal).catch((e: Error) => e.message);
-    expect(failed).to.equal("work failed");
+    await expectRejection(raceAbort(Promise.reject(new Error("work failed")), new AbortController().signal), { message: /^work failed$/ });
   });
 
   it("rejects with the signal's reason while the work still runs", async () => {
     const controller = new AbortController();
-    const pending = raceAbort(new Promise(() => undefined), controller.signal).catch((e: Error) => e.message);
+    const pending = expectRejection(raceAbort(new Promise(() => undefined), controller.signal), { message: /^gone$/ });
     controller.abort(new Error("gone"));
-    expect(await pending).to.equal("gone");
-    expect(await raceAbort(Promise.resolve(1), AbortSignal.abort(new Error("already"))).catch((e: Error) => e.message)).to.equal("already");
+    await pending;
+    await expectRejection(raceAbort(Promise.resolve(1), AbortSignal.abort(new Error("already"))), { message: /^already$/ });
   });
 });

@@ -1,15 +1,8 @@
 import { expect } from "chai";
 import { AcquireError, Semaphore } from "../../src/util/index.js";
+import { expectRejection } from "../support/index.js";
 
-async function failure(promise: Promise<unknown>): Promise<AcquireError> {
-  try {
-    await promise;
-  } catch (error) {
-    expect(error).to.be.instanceOf(AcquireError);
-    return error as AcquireError;
-  }
-  throw new Error("expected the wait to fail");
-}
+const failure = (promise: Promise<unknown>) => expectRejection(promise, { type: AcquireError });
 
 describe("Semaphore", () => {
   it("grants up to its size at once and queues the rest in order", async () => {
