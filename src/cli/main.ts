@@ -34,7 +34,7 @@ export const subcommands: readonly LazySubcommand[] = [
     description: "decode images to tensors and compute canonical content hashes",
     term: "media",
     // src/media/index.ts does not export the media command, so it comes from its own file.
-    load: async () => (await import("../media/cli.js")).mediaCommand(),
+    load: async () => (await import("../media/index.js")).mediaCommand(),
   },
   {
     name: "images",

@@ -86,3 +86,4 @@ export {
   DEFAULT_URL_POLICY,
   type UrlPolicy,
 } from "./url-policy.js";
+export { mediaCommand } from "./cli.js";

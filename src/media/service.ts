@@ -22,7 +22,7 @@ import { canonicalContentHash, formatContentHashKey, videoContentHash } from "./
 import type { MediaPipeline, MediaSource } from "./pipeline.js";
 import type { MediaTensorInfo } from "./tensor.js";
 import { validateVideoMetadata, videoDimensionsFromParts } from "./video.js";
-import { dtypeFromProto, shapeFromProto, tensorInfoToProto, videoMetadataFromProto } from "./wire.js";
+import { dtypeFromProto, shapeFromProto, tensorInfoToProto, videoMetadataFromProto } from "./proto-convert.js";
 
 export interface MediaServiceDeps {
   readonly config: MediaConfig;

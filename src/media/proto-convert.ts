@@ -1,11 +1,10 @@
 import { create, type MessageInitShape } from "@bufbuild/protobuf";
-import type {
-  VideoMetadataSchema} from "../../gen/mmgate/media/v1/media_pb.js";
 import {
   DataType as DataTypePb,
   TensorInfoSchema,
   type TensorInfo,
   type VideoMetadata as VideoMetadataPb,
+  type VideoMetadataSchema,
 } from "../../gen/mmgate/media/v1/media_pb.js";
 import { MediaError } from "./errors.js";
 import type { DataType, MediaTensorInfo, VideoMetadata } from "./tensor.js";
