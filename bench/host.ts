@@ -31,6 +31,7 @@
  */
 import { spawn, type ChildProcess } from "node:child_process";
 import { createInterface } from "node:readline";
+import { median, spread } from "./_stats.js";
 
 const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 9);
 const DURATION_MS = Number(process.env.BENCH_MS ?? 500);
@@ -116,12 +117,6 @@ try {
   for (const s of servers) s.proc.stdin!.end();
 }
 
-const median = (xs: number[]) => {
-  const s = [...xs].sort((a, b) => a - b);
-  const mid = s.length >> 1;
-  return s.length % 2 === 1 ? s[mid]! : (s[mid - 1]! + s[mid]!) / 2;
-};
-const spread = (xs: number[], digits: number) => `${Math.min(...xs).toFixed(digits)}–${Math.max(...xs).toFixed(digits)}`;
 const ratio = (xs: number[]) => `${median(xs).toFixed(2)}x (${spread(xs, 2)})`;
 
 console.log(

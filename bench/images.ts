@@ -39,6 +39,7 @@ import {
   type ProviderContext,
 } from "../src/images/index.js";
 import { resolveConfig, startHost } from "../src/server/index.js";
+import { interleave, median, ratios, summary } from "./_stats.js";
 
 const LATENCY_MS = 50;
 const N = 8;
@@ -47,35 +48,6 @@ const TICK_ROUNDS = 4 * ROUNDS;
 const BATCHES = Number(process.env.BENCH_BATCHES ?? 200);
 const PIXEL = new Uint8Array([137, 80, 78, 71]);
 
-function median(values: number[]): number {
-  const s = [...values].sort((a, b) => a - b);
-  const mid = s.length >> 1;
-  return s.length % 2 === 1 ? s[mid]! : (s[mid - 1]! + s[mid]!) / 2;
-}
-const spread = (xs: number[], digits: number) => `${Math.min(...xs).toFixed(digits)}–${Math.max(...xs).toFixed(digits)}`;
-/** "median (min–max)" */
-const summary = (xs: number[], digits: number) => `${median(xs).toFixed(digits)} (${spread(xs, digits)})`;
-/** Per-round ratios a[i] / b[i]. */
-const ratios = (a: number[], b: number[]) => a.map((t, i) => t / b[i]!);
-
-/**
- * Times each contender once per round, in alternating order (forward on even
- * rounds, reversed on odd ones), after `warmup` untimed rounds. Returns the
- * milliseconds per round, per contender.
- */
-async function interleave(contenders: (() => Promise<unknown>)[], rounds: number, warmup = 2): Promise<number[][]> {
-  const times = contenders.map(() => [] as number[]);
-  for (let round = -warmup; round < rounds; round++) {
-    const order = contenders.map((_, i) => i);
-    if (round % 2 !== 0) order.reverse();
-    for (const i of order) {
-      const t0 = performance.now();
-      await contenders[i]!();
-      if (round >= 0) times[i]!.push(performance.now() - t0);
-    }
-  }
-  return times;
-}
 
 const sleep = (ms: number, signal?: AbortSignal) =>
   new Promise<void>((resolve, reject) => {

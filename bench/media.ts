@@ -15,41 +15,14 @@
  * libvips' thread count as the server's decoder.threadsPerDecode does.
  */
 import { randomFillSync } from "node:crypto";
-import { performance } from "node:perf_hooks";
 import sharp from "sharp";
 import { canonicalContentHash, configureSharp, decodeImage, DEFAULT_MAX_ALLOC } from "../src/media/index.js";
+import { interleave, median, summary } from "./_stats.js";
 
 const KiB = 1024;
 const MiB = 1024 * KiB;
 const SCALE = Number(process.env.BENCH_SCALE ?? 1);
 
-function median(values: number[]): number {
-  const s = [...values].sort((a, b) => a - b);
-  const mid = s.length >> 1;
-  return s.length % 2 === 1 ? s[mid]! : (s[mid - 1]! + s[mid]!) / 2;
-}
-const spread = (xs: number[], digits: number) => `${Math.min(...xs).toFixed(digits)}–${Math.max(...xs).toFixed(digits)}`;
-/** "median (min–max)" */
-const summary = (xs: number[], digits: number) => `${median(xs).toFixed(digits)} (${spread(xs, digits)})`;
-
-/**
- * Times each contender once per round, in alternating order (forward on even
- * rounds, reversed on odd ones), after `warmup` untimed rounds. Returns the
- * milliseconds per round, per contender.
- */
-async function interleave(contenders: (() => unknown)[], rounds: number, warmup = 2): Promise<number[][]> {
-  const times = contenders.map(() => [] as number[]);
-  for (let round = -warmup; round < rounds; round++) {
-    const order = contenders.map((_, i) => i);
-    if (round % 2 !== 0) order.reverse();
-    for (const i of order) {
-      const t0 = performance.now();
-      await contenders[i]!();
-      if (round >= 0) times[i]!.push(performance.now() - t0);
-    }
-  }
-  return times;
-}
 
 const gbps = (bytes: number, ms: number) => bytes / (ms / 1000) / 1e9;
 

@@ -3,6 +3,7 @@ import type { Interceptor } from "@connectrpc/connect";
 import { codeToString } from "@connectrpc/connect/protocol-connect";
 import { Counter, Histogram } from "prom-client";
 import type { Registry } from "prom-client";
+import { observeStream } from "../util/index.js";
 
 type Labels = "grpc_service" | "grpc_method";
 
@@ -100,31 +101,16 @@ export function metricsInterceptor(metrics: ClientMetrics): Interceptor {
       record(0);
       return res;
     }
-    const messages = res.message;
     return {
       ...res,
-      message: {
-        [Symbol.asyncIterator]() {
-          const it = messages[Symbol.asyncIterator]();
-          return {
-            async next() {
-              try {
-                const r = await it.next();
-                if (r.done === true) record(0);
-                return r;
-              } catch (error) {
-                record(codeOf(error, signal));
-                throw error;
-              }
-            },
-            async return(value?: unknown) {
-              const r = (await it.return?.(value)) ?? { done: true as const, value: undefined };
-              record(Code.Canceled);
-              return r;
-            },
-          };
+      message: observeStream(res.message, {
+        error: (error) => {
+          record(codeOf(error, signal));
+          return error;
         },
-      },
+        end: () => record(0),
+        cancel: () => record(Code.Canceled),
+      }),
     };
   };
 }

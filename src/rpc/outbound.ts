@@ -1,5 +1,6 @@
 import { Code, ConnectError } from "@connectrpc/connect";
 import type { Interceptor, Transport } from "@connectrpc/connect";
+import { observeStream } from "../util/index.js";
 import { callContextKey } from "./context.js";
 
 /** Sends the call context's request id as `x-request-id`, unless the caller set that header itself. */
@@ -36,19 +37,7 @@ const errorMetadataInterceptor: Interceptor = (next) => async (req) => {
     throw stripProtocolHeaders(error);
   }
   if (!res.stream) return res;
-  const messages = res.message;
-  return {
-    ...res,
-    message: {
-      [Symbol.asyncIterator]() {
-        const it = messages[Symbol.asyncIterator]();
-        return {
-          next: () => it.next().catch((error: unknown) => Promise.reject(stripProtocolHeaders(error))),
-          return: async (value?: unknown) => (await it.return?.(value)) ?? { done: true as const, value: undefined },
-        };
-      },
-    },
-  };
+  return { ...res, message: observeStream(res.message, { error: stripProtocolHeaders }) };
 };
 
 export interface DeadlineOptions {

@@ -1,6 +1,7 @@
 import type { Interceptor } from "@connectrpc/connect";
 import { Code, ConnectError } from "@connectrpc/connect";
 import type { Logger } from "pino";
+import { observeStream } from "../util/index.js";
 import type { ErrorMapper } from "./module.js";
 import { rpcRecordKey } from "./rpc-observer.js";
 
@@ -56,14 +57,6 @@ export function callInterceptor(options: CallInterceptorOptions): Interceptor {
       throw fail(error);
     }
     if (!res.stream) return res;
-    return { ...res, message: failingWith(res.message, fail) };
+    return { ...res, message: observeStream(res.message, { error: fail }) };
   };
-}
-
-async function* failingWith<T>(source: AsyncIterable<T>, fail: (error: unknown) => ConnectError): AsyncGenerator<T> {
-  try {
-    yield* source;
-  } catch (error) {
-    throw fail(error);
-  }
 }

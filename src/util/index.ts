@@ -1,3 +1,4 @@
 export { AcquireError, Semaphore, type AcquireFailure, type Permit } from "./semaphore.js";
 export { delay, MAX_TIMER_MS, raceAbort, settleWithin, untilAborted } from "./abort.js";
 export { BoundedQueue, type BoundedQueueOptions } from "./bounded-queue.js";
+export { observeStream, type StreamObserver } from "./observe-stream.js";

@@ -1,0 +1,40 @@
+/** What an observer of a stream of messages hears about its end. */
+export interface StreamObserver {
+  /** The stream failed: return the error to rethrow (the same one, or a mapped one). */
+  error?(error: unknown): unknown;
+  /** The stream ended normally, after its last message. */
+  end?(): void;
+  /** The consumer stopped reading before the end. */
+  cancel?(): void;
+}
+
+/**
+ * Passes `source` through unchanged while telling `observer` how it ended:
+ * the one wrapper behind every interceptor that maps or counts the outcome
+ * of a streamed response. Iterator-based rather than a generator, so that an
+ * early `return()` reaches the source at once.
+ */
+export function observeStream<T>(source: AsyncIterable<T>, observer: StreamObserver): AsyncIterable<T> {
+  return {
+    [Symbol.asyncIterator](): AsyncIterator<T> {
+      const it = source[Symbol.asyncIterator]();
+      return {
+        async next() {
+          let result: IteratorResult<T>;
+          try {
+            result = await it.next();
+          } catch (error) {
+            throw observer.error ? observer.error(error) : error;
+          }
+          if (result.done === true) observer.end?.();
+          return result;
+        },
+        async return(value?: unknown) {
+          const result = (await it.return?.(value)) ?? { done: true as const, value: undefined };
+          observer.cancel?.();
+          return result as IteratorResult<T>;
+        },
+      };
+    },
+  };
+}
