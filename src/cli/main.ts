@@ -19,7 +19,7 @@ export interface LazySubcommand {
 export const subcommands: readonly LazySubcommand[] = [
   {
     name: "serve",
-    description: "serve every configured service on one listener (embedded defaults without a config file)",
+    description: "serve the services of every configured module on one listener (embedded defaults without a config file)",
     term: "serve [options]",
     load: async () => (await import("./serve.js")).serveCommand(),
   },

@@ -23,7 +23,7 @@ function collectSet(value: string, previous: Record<string, unknown>): Record<st
 
 export function serveCommand(): Command {
   return new Command("serve")
-    .description("serve every configured service on one listener (embedded defaults without a config file)")
+    .description("serve the services of every configured module on one listener (embedded defaults without a config file)")
     .addOption(new Option("-c, --config <file>", "JSON or YAML config file").env("MMGATE_CONFIG"))
     .option("--listen <host:port>", "gRPC listener (default 127.0.0.1:50051)")
     .option("--admin-listen <host:port>", 'admin HTTP listener for /metrics, /healthz, /readyz ("" turns it off; default 127.0.0.1:9464)')
