@@ -41,13 +41,11 @@ function createImagesInstance(
   holder.runtime = runtime;
   const providerHealth = publishProviderHealth(runtime, ctx.health, ImageService.typeName);
   holder.health = providerHealth;
+  ctx.tasks.run("provider-health", providerHealth.watch);
   return {
     runtime,
     services: [bindService(ImageService, imageService(runtime, ctx.drainSignal))],
-    close: () => {
-      providerHealth.stop();
-      return runtime.shutdown();
-    },
+    close: () => runtime.shutdown(),
   };
 }
 

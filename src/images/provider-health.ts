@@ -1,5 +1,6 @@
 import type { ModuleHealth } from "../server/index.js";
 import { ServingStatus } from "../server/index.js";
+import { delay } from "../util/index.js";
 import type { ImageRuntime } from "./runtime/runtime.js";
 
 /** How often the open-to-half-open transition (which is time-based) is noticed. */
@@ -15,11 +16,12 @@ export function providerHealthName(serviceName: string, provider: string): strin
  * `mmgate.images.v1.ImageService/<provider>`: NOT_SERVING while its circuit
  * is open, SERVING otherwise. The service's own entry is left to the host
  * and to operators (AdminService.SetServingStatus), so the two never fight.
- * Returns a function that stops the refresh.
+ * `refresh` publishes at once (after each outcome); `watch` is the module's
+ * supervised task that notices the time-based open-to-half-open transition.
  */
 export function publishProviderHealth(runtime: ImageRuntime, health: ModuleHealth, serviceName: string): {
   refresh: () => void;
-  stop: () => void;
+  watch: (signal: AbortSignal) => Promise<void>;
 } {
   const refresh = () => {
     for (const entry of runtime.registry.list()) {
@@ -30,7 +32,14 @@ export function publishProviderHealth(runtime: ImageRuntime, health: ModuleHealt
     }
   };
   refresh();
-  const timer = setInterval(refresh, REFRESH_MS);
-  timer.unref();
-  return { refresh, stop: () => clearInterval(timer) };
+  return {
+    refresh,
+    async watch(signal) {
+      for (;;) {
+        await delay(REFRESH_MS, signal).catch(() => undefined);
+        if (signal.aborted) return;
+        refresh();
+      }
+    },
+  };
 }
