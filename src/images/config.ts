@@ -1,11 +1,12 @@
 import { z } from "zod";
+import { MAX_TIMER_MS } from "../util/index.js";
 import { ERROR_CODES } from "./core/errors.js";
 import { DEFAULT_REQUEST_LIMITS, MAX_OUTPUTS_CEILING, isValidSize } from "./core/validation.js";
 
 const MiB = 1024 * 1024;
 const positive = () => z.number().int().min(1);
-/** A duration in ms that Node timers can hold (setTimeout caps at 2^31 - 1). */
-const durationMs = () => positive().max(2 ** 31 - 1);
+/** A duration in ms that Node timers can hold. */
+const durationMs = () => positive().max(MAX_TIMER_MS);
 /** A count, or "unlimited". */
 const limit = z.union([z.number().int().min(0), z.literal("unlimited")]);
 const size = z.string().refine((s) => s !== "auto" && isValidSize(s), "expected WxH, e.g. 512x512");

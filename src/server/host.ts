@@ -13,7 +13,7 @@ import { AdminService, adminService } from "./admin-service.js";
 import { bearerAuthInterceptor } from "./auth.js";
 import type { MmgateConfig } from "./config.js";
 import { ConfigError, splitHostPort } from "./config.js";
-import { settleWithin } from "../util/index.js";
+import { delay, settleWithin } from "../util/index.js";
 import { callInterceptor } from "./call-interceptor.js";
 import { Health, HealthRegistry, Readiness, ServingStatus, healthService } from "./health.js";
 import { RpcMetrics } from "./metrics.js";
@@ -419,7 +419,7 @@ export async function startHost(options: HostOptions): Promise<Host> {
     if (!drained) {
       logger.warn({ openSessions: sessions.size, openSockets: sockets.size }, "grace period over: cancelling the calls still running");
       abortController.abort(new ConnectError("server shut down", Code.Unavailable));
-      await new Promise((r) => setTimeout(r, 50));
+      await delay(50);
       for (const session of sessions) session.destroy();
       for (const socket of sockets) socket.destroy();
       await listenerClosed;
