@@ -253,6 +253,30 @@ describe("host: module lifecycle v2", () => {
       expect(events).to.deep.equal(["create", "early call Unavailable", "task running", "start (health SERVING)", "drain done", "task stopped", "close"]);
     });
 
+    it("in-process calls go through the listener's interceptors: auth included", async () => {
+      const token = "in-process-token-0123456789";
+      let transport: Transport | undefined;
+      const caller = defineModule({
+        name: "caller",
+        description: "calls an admin method in memory",
+        configSchema: z.object({}),
+        create: (ctx) => {
+          transport = inProcessTransport({ routes: ctx.localRoutes.routes, interceptors: ctx.localRoutes.interceptors });
+          return { services: [] };
+        },
+      });
+      const server = await startServer({ modules: [caller], config: { auth: { token } } });
+      try {
+        const admin = createClient(AdminService, transport!);
+        const refused = await statusOf(() => admin.getConfig({}));
+        expect(refused.code).to.equal(Code.Unauthenticated);
+        const res = await admin.getConfig({}, { headers: { authorization: `Bearer ${token}` } });
+        expect((res.config as { auth: { token: string } }).auth.token).to.equal("<redacted>");
+      } finally {
+        await server.close();
+      }
+    });
+
     it("restarts a task that throws, counts the restarts, and stops it on drain", async () => {
       let runs = 0;
       let stoppedCleanly = false;
