@@ -83,6 +83,9 @@ export function createChannel(target: string, options: ChannelOptions, deps: Cha
   let drained: (() => void) | undefined;
   // Innermost: sees every call that reaches the wire; connect aborts the call's signal when the call ends, whichever way.
   const track: Interceptor = (next) => (req) => {
+    // A call that starts already aborted (its inbound deadline passed, its
+    // caller gave up) never fires "abort" again: it is not in flight.
+    if (req.signal.aborted) return next(req);
     inFlight++;
     req.signal.addEventListener(
       "abort",

@@ -46,9 +46,23 @@ export function inProcessTransport(options: InProcessOptions): Transport {
     inner = createRouterTransport(options.routes, { router, transport: { interceptors: outboundInterceptors(extra) } });
     return inner;
   };
+  // A failure to build (the routes are not live yet) rejects the call, as
+  // any transport failure does; it never throws at the call site.
   const lazy: Transport = {
-    unary: (...args) => transport().unary(...args),
-    stream: (...args) => transport().stream(...args),
+    unary: (...args) => {
+      try {
+        return transport().unary(...args);
+      } catch (error) {
+        return Promise.reject(error as Error);
+      }
+    },
+    stream: (...args) => {
+      try {
+        return transport().stream(...args);
+      } catch (error) {
+        return Promise.reject(error as Error);
+      }
+    },
   };
   return withDeadlines(lazy, { defaultTimeoutMs: options.defaultTimeoutMs ?? 0 });
 }

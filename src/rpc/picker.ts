@@ -2,10 +2,19 @@
 export type EndpointKey<T> = (endpoint: T) => unknown;
 
 export interface PickerOptions<T> {
-  /** Identity of an endpoint across lists (e.g. `(m) => m.id`). Default: the endpoint itself. */
+  /**
+   * Identity of an endpoint across lists. Default: its string `id` when it
+   * has one (discovery members are new objects in every committed
+   * membership, so identity would lose the rotation), else the endpoint itself.
+   */
   readonly key?: EndpointKey<T>;
   /** Index of the first pick (taken modulo the list's length); 0 by default. Clients may pass a random start to spread load. */
   readonly start?: number;
+}
+
+function idOrSelf(endpoint: unknown): unknown {
+  const id = typeof endpoint === "object" && endpoint !== null ? (endpoint as { id?: unknown }).id : undefined;
+  return typeof id === "string" ? id : endpoint;
 }
 
 /**
@@ -24,7 +33,7 @@ export class RoundRobinPicker<T> {
 
   constructor(endpoints: readonly T[], options: PickerOptions<T> = {}) {
     this.endpoints = Object.freeze([...endpoints]);
-    this.key = options.key ?? ((e) => e);
+    this.key = options.key ?? idOrSelf;
     const n = this.endpoints.length;
     const start = Math.trunc(options.start ?? 0);
     this.next = n === 0 ? 0 : ((start % n) + n) % n;

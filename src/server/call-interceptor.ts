@@ -36,9 +36,15 @@ export function callInterceptor(options: CallInterceptorOptions): Interceptor {
     const fail = (error: unknown): ConnectError => {
       let status: ConnectError;
       if (error instanceof ConnectError) status = error;
-      else if (error instanceof Error && (error.name === "AbortError" || error.name === "TimeoutError")) status = ConnectError.from(error);
+      else if (error instanceof Error && error.name === "TimeoutError") status = new ConnectError(error.message, Code.DeadlineExceeded);
+      else if (error instanceof Error && error.name === "AbortError") status = ConnectError.from(error);
       else {
-        const mapped = mapperFor(req.service.typeName)?.(error);
+        let mapped: ConnectError | undefined;
+        try {
+          mapped = mapperFor(req.service.typeName)?.(error);
+        } catch (mapperError) {
+          logger.error({ err: mapperError, service: req.service.typeName }, "error mapper threw");
+        }
         if (mapped) status = mapped;
         else {
           const requestId = record?.requestId;

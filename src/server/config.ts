@@ -124,7 +124,7 @@ const ENV_ALIASES: Record<string, { path: string; raw: boolean }> = {
   MMGATE_AUTH_TOKEN: { path: "auth.token", raw: true },
   MMGATE_LOG_LEVEL: { path: "log.level", raw: true },
   MMGATE_MODULES: { path: "modules", raw: true },
-  MMGATE_SERVICES: { path: "services", raw: true },
+  MMGATE_SERVICES: { path: "modules", raw: true },
   MMGATE_TLS_CERT_FILE: { path: "tls.certFile", raw: true },
   MMGATE_TLS_KEY_FILE: { path: "tls.keyFile", raw: true },
 };
@@ -197,6 +197,19 @@ function readConfigFile(file: string): Record<string, unknown> {
 export function gatherRawConfig(sources: ConfigSources, topLevelKeys?: ReadonlySet<string>, modules: readonly ServiceModule[] = []): RawConfig {
   const values = sources.file ? readConfigFile(sources.file) : {};
   const origins = new Map<string, string>();
+  const warn = (message: string) => sources.onWarning?.(message);
+  // `services` was the first name of `modules` (it held module names all
+  // along). Each source's old name becomes the new one where it is read, so
+  // that later sources still win: a file's `modules` loses to MMGATE_SERVICES.
+  if (values.services !== undefined) {
+    if (values.modules === undefined) {
+      values.modules = values.services;
+      warn(`"services" in ${sources.file} is the old name of "modules"; it still works`);
+    } else {
+      warn(`${sources.file} sets both "modules" and its old name "services"; "services" is ignored`);
+    }
+    delete values.services;
+  }
   // A module's own names for its keys (the relay's DYN_RELAY_*, say), before
   // MMGATE_* so that the project's own prefix wins when both are set.
   for (const module of modules) {
@@ -210,18 +223,34 @@ export function gatherRawConfig(sources: ConfigSources, topLevelKeys?: ReadonlyS
   }
   for (const [name, value] of Object.entries(sources.env ?? {})) {
     if (!name.startsWith("MMGATE_") || value === undefined || ENV_IGNORED.has(name)) continue;
+    if (name === "MMGATE_SERVICES") {
+      if (sources.env?.MMGATE_MODULES !== undefined) {
+        warn("both MMGATE_MODULES and its old name MMGATE_SERVICES are set; MMGATE_SERVICES is ignored");
+        continue;
+      }
+      warn("MMGATE_SERVICES is the old name of MMGATE_MODULES; it still works");
+    }
     const alias = ENV_ALIASES[name];
     const path = alias ? alias.path : envNameToPath(name);
     if (topLevelKeys && !topLevelKeys.has(path.split(".", 1)[0]!)) {
-      sources.onWarning?.(`${name} is not a config key; left to whatever reads it by name`);
+      warn(`${name} is not a config key; left to whatever reads it by name`);
       continue;
     }
     setPath(values, path, alias?.raw ? value : parseScalar(value));
     origins.set(path, name);
   }
-  for (const [path, value] of Object.entries(sources.overrides ?? {})) {
+  for (const [given, value] of Object.entries(sources.overrides ?? {})) {
+    let path = given;
+    if (given === "services") {
+      if (sources.overrides?.modules !== undefined) {
+        warn('both "modules" and its old name "services" are set by flags; "services" is ignored');
+        continue;
+      }
+      warn('"services" (--services) is the old name of "modules" (--modules); it still works');
+      path = "modules";
+    }
     setPath(values, path, value);
-    origins.set(path, `--set ${path}`);
+    origins.set(path, `--set ${given}`);
   }
   return { values, origins };
 }
@@ -255,14 +284,15 @@ export function resolveConfig(
 ): MmgateConfig {
   const known = new Map(modules.map((m) => [m.name, m]));
   const { modules: rawModules, services: rawServices, ...rest } = raw;
-  // `services` was this key's first name; it held module names all along.
+  // `services`, the old name, reaches here only from callers that pass a raw
+  // object themselves; gatherRawConfig renames it at each source.
   let listed = rawModules;
   let listKey = "modules";
   if (rawServices !== undefined) {
     if (rawModules === undefined) {
       listed = rawServices;
       listKey = "services";
-      onWarning?.(`"services" is the old name of "modules" (${origins.get("services") ?? "config"}); it still works`);
+      onWarning?.(`"services" is the old name of "modules"; it still works`);
     } else {
       onWarning?.(`both "modules" and its old name "services" are set; "services" is ignored`);
     }

@@ -174,6 +174,8 @@ function releaseUnreadRequest(req: NodeReq, res: NodeRes): void {
  */
 export async function startHost(options: HostOptions): Promise<Host> {
   const { config, logger } = options;
+  // A cycle or an unknown requirement is a config error before anything binds.
+  const plan = planModules(options.modules, config.modules);
   const startedAt = Date.now();
   const health = new HealthRegistry();
   const metrics = new RpcMetrics();
@@ -232,7 +234,6 @@ export async function startHost(options: HostOptions): Promise<Host> {
   const address = await listen(server, config.listen);
   const advertised = config.advertiseAddress || address;
 
-  const plan = planModules(options.modules, config.modules);
   const readiness = new Readiness(health, (module, ready, reason) =>
     logger.info({ module, ready, reason }, ready ? "module ready" : "module not ready"),
   );
@@ -259,6 +260,15 @@ export async function startHost(options: HostOptions): Promise<Host> {
     }
   };
   const stopTasks = (timeoutMs: number) => Promise.all(built.map((b) => b.supervisor.stop(timeoutMs)));
+  /** Undoes a start-up that failed part way. */
+  const failStart = async () => {
+    drainController.abort();
+    await stopTasks(1000);
+    await closeModules();
+    for (const session of sessions) session.destroy();
+    for (const socket of sockets) socket.destroy();
+    await closeServer(server);
+  };
   let bindings: ServiceBinding[];
   try {
     const exportsByName = new Map<string, unknown>();
@@ -292,10 +302,10 @@ export async function startHost(options: HostOptions): Promise<Host> {
       seen.add(b.service.typeName);
     }
   } catch (err) {
-    // Whatever started is stopped again: tasks, timers, sockets, the listener.
-    await stopTasks(1000);
-    await closeModules();
-    await closeServer(server);
+    // Whatever started is stopped again: tasks, timers, the listener, and
+    // connections clients opened meanwhile (they got 503s), which would
+    // otherwise keep the listener from closing.
+    await failStart();
     throw err;
   }
   const routed = [...bindings.map((b) => b.service), Health, AdminService];
@@ -365,12 +375,8 @@ export async function startHost(options: HostOptions): Promise<Host> {
     // The routes are live: modules may now register, watch and call each other.
     for (const b of built) await b.instance.start?.();
   } catch (err) {
-    drainController.abort();
-    await stopTasks(1000);
-    await closeModules();
+    await failStart();
     if (admin?.listening) await closeServer(admin);
-    for (const session of sessions) session.destroy();
-    await closeServer(server);
     throw err;
   }
   readiness.markStarted();

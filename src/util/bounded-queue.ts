@@ -169,11 +169,12 @@ export class BoundedQueue<T> implements AsyncIterable<T> {
   /**
    * The next item, waiting for one; done once closed and drained (rejects
    * with the fail() error instead, on every call, if the queue failed).
-   * Rejects with `signal.reason` when the signal fires first. One consumer:
-   * a second next() while one waits is rejected.
+   * Rejects with `signal.reason` when the signal fires before an item comes;
+   * an item already queued is handed out even if the signal has fired (the
+   * signal stops a wait, it does not drop what arrived). One consumer: a
+   * second next() while one waits is rejected.
    */
   next(signal?: AbortSignal): Promise<IteratorResult<T>> {
-    if (signal?.aborted) return Promise.reject(signal.reason as Error);
     if (this.consumer !== undefined) return Promise.reject(new Error("BoundedQueue has one consumer: next() is already waiting"));
     if (this.count > 0) {
       const value = this.dequeue();
@@ -181,6 +182,7 @@ export class BoundedQueue<T> implements AsyncIterable<T> {
       return Promise.resolve({ value, done: false });
     }
     if (this.ended) return this.endResult();
+    if (signal?.aborted) return Promise.reject(signal.reason as Error);
     return new Promise<IteratorResult<T>>((resolve, reject) => {
       const consumer: Consumer<T> = { resolve, reject, signal, onAbort: undefined };
       if (signal !== undefined) {

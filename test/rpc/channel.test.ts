@@ -182,6 +182,17 @@ describe("rpc: createChannel against a real server (h2c)", () => {
     expect(channel.closed).to.equal(true);
   });
 
+  it("a call that starts already aborted (passed inbound deadline, cancelled caller) is never counted in flight, so close() still ends", async () => {
+    const channel = open();
+    const health = createClient(Health, channel);
+    const expired = withCallContext({ deadline: performance.now() - 1 });
+    expect(await codeOf(health.check({ service: "" }, { contextValues: expired }))).to.equal(Code.DeadlineExceeded);
+    expect(await codeOf(health.check({ service: "" }, { signal: AbortSignal.abort() }))).to.equal(Code.Canceled);
+    expect(channel.inFlight).to.equal(0);
+    await channel.close();
+    expect(channel.closed).to.equal(true);
+  });
+
   it("abort() ends open calls at once", async () => {
     const channel = open();
     const it = createClient(Health, channel).watch({ service: "" })[Symbol.asyncIterator]();

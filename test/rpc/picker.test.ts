@@ -1,4 +1,5 @@
 import { expect } from "chai";
+import { StaticResolver } from "../../src/discovery/index.js";
 import { RoundRobinPicker } from "../../src/rpc/index.js";
 
 function picks<T>(picker: RoundRobinPicker<T>, n: number): (T | undefined)[] {
@@ -100,5 +101,19 @@ describe("rpc: RoundRobinPicker", () => {
       members = [...next].sort();
       picker = picker.rebuild(members);
     }
+  });
+
+  it("keeps its rotation over discovery members, which are new objects in every committed membership", () => {
+    const three = [{ address: "10.0.0.1:1" }, { address: "10.0.0.2:1" }, { address: "10.0.0.3:1" }];
+    const resolver = new StaticResolver(three);
+    let picker = new RoundRobinPicker(resolver.current().members);
+    const picks: string[] = [];
+    for (let i = 0; i < 6; i++) {
+      picks.push(picker.pick()!.id);
+      // A metadata change elsewhere commits a new generation with new member objects.
+      const view = resolver.update([...three, { address: "10.0.0.9:1", metadata: { n: String(i) } }]);
+      picker = picker.rebuild(view.members.slice(0, 3));
+    }
+    expect(picks).to.deep.equal(["10.0.0.1:1", "10.0.0.2:1", "10.0.0.3:1", "10.0.0.1:1", "10.0.0.2:1", "10.0.0.3:1"]);
   });
 });

@@ -5,6 +5,7 @@ import { Health, HealthCheckResponse_ServingStatus as S } from "../../gen/grpc/h
 import { AdminService } from "../../gen/mmgate/admin/v1/admin_pb.js";
 import type { GrpcClient, InProcessServer } from "../support/index.js";
 import { eventually, expectRejection, grpcServerStream, grpcUnary, startServer } from "../support/index.js";
+import { HealthRegistry, ServingStatus, healthService } from "../../src/server/health.js";
 
 describe("grpc.health.v1", () => {
   let server: InProcessServer;
@@ -84,5 +85,23 @@ describe("grpc.health.v1", () => {
     expect((await fetch(`http://${server.adminAddr}/healthz`)).status).to.equal(200);
     expect((await createClient(Health, server.transport).check({ service: "" })).status).to.equal(S.NOT_SERVING);
     await expectRejection(admin.setServingStatus({ service: "nope", serving: true }), { type: ConnectError, code: Code.NotFound });
+  });
+});
+
+describe("health Watch and the drain", () => {
+  it("sends the drain's NOT_SERVING even when the drain comes while the previous message is being written", async () => {
+    const registry = new HealthRegistry();
+    const drain = new AbortController();
+    const watch = healthService(registry, drain.signal).watch as unknown as (
+      req: { service: string },
+      ctx: { signal: AbortSignal },
+    ) => AsyncGenerator<{ status: ServingStatus }>;
+    const stream = watch({ service: "" }, { signal: new AbortController().signal });
+    expect((await stream.next()).value?.status).to.equal(ServingStatus.SERVING);
+    // The generator is suspended at its yield (the transport writes SERVING); SIGTERM arrives.
+    registry.drain();
+    drain.abort();
+    expect((await stream.next()).value?.status).to.equal(ServingStatus.NOT_SERVING);
+    expect((await stream.next()).done).to.equal(true);
   });
 });

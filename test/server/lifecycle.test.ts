@@ -1,5 +1,10 @@
 import { expect } from "chai";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { get } from "node:http";
+import * as http2 from "node:http2";
+import * as net from "node:net";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { Code, ConnectError, createClient, type Transport } from "@connectrpc/connect";
 import { pino } from "pino";
 import { z } from "zod";
@@ -53,10 +58,20 @@ function shapesClient(transport: Transport): ShapesClient {
 }
 
 class TestModuleError extends Error {}
+class UnmappableError extends Error {}
 
-/** Throws what the request names: a typed error its module maps, or a plain one nobody maps. */
+/** Throws what the request names: a typed error its module maps, one its mapper chokes on, a timeout, or a plain one nobody maps. */
 function failure(kind: string): Error {
-  return kind === "typed" ? new TestModuleError("typed failure") : new Error("plain failure with internals");
+  switch (kind) {
+    case "typed":
+      return new TestModuleError("typed failure");
+    case "unmappable":
+      return new UnmappableError("the mapper throws on this");
+    case "timeout":
+      return new DOMException("the handler's own timer fired", "TimeoutError");
+    default:
+      return new Error("plain failure with internals");
+  }
 }
 
 async function* one(value: string): AsyncIterable<StringValue> {
@@ -67,7 +82,10 @@ const shapesModule = defineModule({
   name: "shapes",
   description: "one method of each RPC shape, failing as asked",
   configSchema: z.object({}),
-  mapError: (error) => (error instanceof TestModuleError ? new ConnectError(error.message, Code.FailedPrecondition) : undefined),
+  mapError: (error) => {
+    if (error instanceof UnmappableError) throw new Error("mapper bug");
+    return error instanceof TestModuleError ? new ConnectError(error.message, Code.FailedPrecondition) : undefined;
+  },
   create: () => ({
     services: [
       bindService(ShapesService, {
@@ -136,6 +154,14 @@ describe("host: module lifecycle v2", () => {
         const logged = lines.map((l) => JSON.parse(l) as Record<string, unknown>).find((l) => l.msg === "unmapped error: answering INTERNAL" && l.requestId === id);
         expect(logged, "log line for the unmapped error").to.not.equal(undefined);
         expect((logged!.err as { message: string }).message).to.equal("plain failure with internals");
+      });
+      it(`${shape}: a mapper that throws does not leak UNKNOWN: INTERNAL`, async () => {
+        const err = await statusOf(() => call(shapesClient(server.transport), "unmappable"));
+        expect(err.code).to.equal(Code.Internal);
+      });
+      it(`${shape}: a handler's own TimeoutError answers DEADLINE_EXCEEDED`, async () => {
+        const err = await statusOf(() => call(shapesClient(server.transport), "timeout"));
+        expect(err.code).to.equal(Code.DeadlineExceeded);
       });
     }
 
@@ -227,6 +253,9 @@ describe("host: module lifecycle v2", () => {
           transport = inProcessTransport({ routes: ctx.localRoutes.routes, interceptors: ctx.localRoutes.interceptors });
           const early = await statusOf(() => createClient(Health, transport!).check({ service: "" }));
           events.push(`early call ${Code[early.code]}`);
+          // A stream call too answers UNAVAILABLE, rather than throwing where it is made.
+          const earlyStream = await statusOf(() => drainStream(createClient(Health, transport!).watch({ service: "" })));
+          events.push(`early stream ${Code[earlyStream.code]}`);
           ctx.tasks.run("watch", async (signal) => {
             events.push("task running");
             await new Promise<void>((resolve) => signal.addEventListener("abort", () => resolve(), { once: true }));
@@ -250,7 +279,7 @@ describe("host: module lifecycle v2", () => {
       });
       const server = await startServer({ modules: [staged] });
       await server.close();
-      expect(events).to.deep.equal(["create", "early call Unavailable", "task running", "start (health SERVING)", "drain done", "task stopped", "close"]);
+      expect(events).to.deep.equal(["create", "early call Unavailable", "early stream Unavailable", "task running", "start (health SERVING)", "drain done", "task stopped", "close"]);
     });
 
     it("in-process calls go through the listener's interceptors: auth included", async () => {
@@ -369,6 +398,33 @@ describe("host: module lifecycle v2", () => {
       expect((error as Error).message).to.equal("modules require each other in a cycle: a → b → a");
     });
 
+    it("a failed start-up releases the port even while a client holds a connection open", async () => {
+      let release!: () => void;
+      const gate = new Promise<void>((r) => (release = r));
+      const failing = defineModule({
+        name: "failing",
+        description: "",
+        configSchema: z.object({}),
+        create: async () => {
+          await gate;
+          throw new Error("create failed");
+        },
+      });
+      const probe = net.createServer();
+      await new Promise<void>((r) => probe.listen(0, "127.0.0.1", r));
+      const port = (probe.address() as net.AddressInfo).port;
+      await new Promise<void>((r) => probe.close(() => r()));
+      const config = resolveConfig({ listen: `127.0.0.1:${port}`, adminListen: "" }, [failing]);
+      const starting = startHost({ config, modules: [failing], logger: pino({ level: "silent" }), version: "test" }).catch((e: unknown) => e);
+      // A load balancer's probe connects while the modules are being built.
+      const session = http2.connect(`http://127.0.0.1:${port}`);
+      session.on("error", () => undefined);
+      await new Promise<void>((resolve) => session.once("connect", () => resolve()));
+      release();
+      expect(((await starting) as Error).message).to.equal("create failed");
+      session.destroy();
+    });
+
     it("stops the tasks of modules that started when a later module fails", async () => {
       let taskStopped = false;
       const first = defineModule({
@@ -418,11 +474,30 @@ describe("host: module lifecycle v2", () => {
       expect(() => loadConfig({ env: { DYN_RELAY_MAX_STREAMS: "-1" } }, [relayLike])).to.throw(ConfigError, /relay\.maxStreams: .* \(from DYN_RELAY_MAX_STREAMS\)/);
     });
 
+    it("an old name set by a later source still beats the new name from an earlier one", () => {
+      const dir = mkdtempSync(join(tmpdir(), "mmgate-config-"));
+      const file = join(dir, "config.yaml");
+      writeFileSync(file, "modules: [relay, shapes]\n");
+      try {
+        const modules = [relayLike, shapesModule];
+        expect(loadConfig({ file, env: { MMGATE_SERVICES: "shapes" } }, modules).modules).to.deep.equal(["shapes"]);
+        expect(loadConfig({ file, overrides: { services: "relay" } }, modules).modules).to.deep.equal(["relay"]);
+        const fileOld = join(dir, "old.yaml");
+        writeFileSync(fileOld, "services: [shapes]\n");
+        const warnings: string[] = [];
+        expect(loadConfig({ file: fileOld, onWarning: (w) => warnings.push(w) }, modules).modules).to.deep.equal(["shapes"]);
+        expect(warnings).to.deep.equal([`"services" in ${fileOld} is the old name of "modules"; it still works`]);
+        expect(loadConfig({ file: fileOld, env: { MMGATE_MODULES: "relay" } }, modules).modules).to.deep.equal(["relay"]);
+      } finally {
+        rmSync(dir, { recursive: true, force: true });
+      }
+    });
+
     it("takes the old `services` key with a warning", () => {
       const warnings: string[] = [];
       const config = loadConfig({ env: { MMGATE_SERVICES: "relay" }, onWarning: (w) => warnings.push(w) }, [relayLike, shapesModule]);
       expect(config.modules).to.deep.equal(["relay"]);
-      expect(warnings).to.deep.equal(['"services" is the old name of "modules" (MMGATE_SERVICES); it still works']);
+      expect(warnings).to.deep.equal(["MMGATE_SERVICES is the old name of MMGATE_MODULES; it still works"]);
       const listed = loadConfig({ env: { MMGATE_MODULES: "shapes" } }, [relayLike, shapesModule]);
       expect(listed.modules).to.deep.equal(["shapes"]);
     });

@@ -153,7 +153,7 @@ describe("BoundedQueue", () => {
     expect(await drain(q)).to.deep.equal(["aa", "c"]);
   });
 
-  it("rejects a push or next whose signal already fired", async () => {
+  it("rejects a push whose signal already fired, and a next that would have to wait", async () => {
     const q = new BoundedQueue<number>({ maxItems: 1 });
     const reason = new Error("already");
     const signal = AbortSignal.abort(reason);
@@ -161,11 +161,17 @@ describe("BoundedQueue", () => {
     await q.push(1, signal).catch((error: unknown) => (pushError = error));
     expect(pushError).to.equal(reason);
     expect(q.length).to.equal(0);
-    q.tryPush(1);
     let nextError: unknown;
     await q.next(signal).catch((error: unknown) => (nextError = error));
     expect(nextError).to.equal(reason);
-    expect(q.length).to.equal(1);
+  });
+
+  it("hands out an item already queued even when the signal has fired: the signal stops a wait, it drops nothing", async () => {
+    const q = new BoundedQueue<number>({ maxItems: 1 });
+    const signal = AbortSignal.abort(new Error("already"));
+    q.tryPush(7);
+    expect(await q.next(signal)).to.deep.equal({ value: 7, done: false });
+    expect(q.length).to.equal(0);
   });
 
   it("rejects a waiting next with the signal's reason and stops listening; a later next still works", async () => {
