@@ -1,5 +1,4 @@
 export {
-  assertU64,
   ByteRangeError,
   ByteReaderError,
   ByteWriterError,

@@ -42,7 +42,7 @@ export const mediaModule = defineModule({
 });
 
 export { mediaConfigSchema, type MediaConfig } from "./config.js";
-export { MediaError, mediaErrorToConnect, type MediaErrorCode } from "./errors.js";
+export { MediaError, type MediaErrorCode } from "./errors.js";
 export { createMediaPipeline, type DecodeOptions, type MediaPipeline, type MediaSource, type StoredMedia } from "./pipeline.js";
 export type {
   ColorType,
@@ -63,7 +63,7 @@ export {
 } from "./hash.js";
 export { videoMetadataJson, formatF64 } from "./serde-json.js";
 export { videoDimensionsFromParts, type VideoDimensions } from "./video.js";
-export { configureSharp, decodeImage, checkImageLimits, DEFAULT_MAX_ALLOC, type ImageDecoderLimits, type ImageDecodeOptions } from "./image-decoder.js";
+export { configureSharp, decodeImage, DEFAULT_MAX_ALLOC, type ImageDecoderLimits, type ImageDecodeOptions } from "./image-decoder.js";
 export {
   agentMetadataBytes,
   buildDescriptor,

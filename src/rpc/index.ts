@@ -12,16 +12,14 @@ export { ChannelPool } from "./pool.js";
 export type { ChannelFactory } from "./pool.js";
 export { RoundRobinPicker } from "./picker.js";
 export type { PickerOptions } from "./picker.js";
-export { callContextKey, callContextOf, outboundContextValues, withCallContext } from "./context.js";
+export { outboundContextValues, withCallContext } from "./context.js";
 export type { CallContext } from "./context.js";
 export { inProcessTransport } from "./in-process.js";
 export type { InProcessOptions } from "./in-process.js";
 export {
-  DEFAULT_ADDR,
   addrOption,
   caOption,
   clientTransport,
-  parseAddr,
   tlsOption,
   tokenOption,
   withConnectionOptions,
