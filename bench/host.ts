@@ -147,10 +147,16 @@ for (const [wi, w] of workloads.entries()) {
     const host = cpuOf(per[0]!);
     const peer = cpuOf(per[pi]!);
     const byCpu = host && peer ? host.map((c, i) => peer[i]! / c) : undefined;
+    // The median of per-round ratios pairs measurements taken close together;
+    // the ratio of the medians is steadier when single rounds are disturbed.
+    const ofMedians = median(per[0]!.map((r) => r.rps)) / median(per[pi]!.map((r) => r.rps));
+    const cpuOfMedians = host && peer ? median(peer) / median(host) : undefined;
     console.log(
       `  host / ${label.padEnd(17)} calls/s ${ratio(byRate)}` +
         (pi === 1 ? ` ${verdict(byRate)}` : "") +
-        (byCpu ? `;  calls per server CPU-second ${ratio(byCpu)}${pi === 1 ? ` ${verdict(byCpu)}` : ""}` : ""),
+        `, ratio of medians ${ofMedians.toFixed(2)}x` +
+        (byCpu ? `;  calls per server CPU-second ${ratio(byCpu)}${pi === 1 ? ` ${verdict(byCpu)}` : ""}` : "") +
+        (cpuOfMedians !== undefined ? `, ratio of medians ${cpuOfMedians.toFixed(2)}x` : ""),
     );
   }
 }
