@@ -18,16 +18,24 @@ export function observeStream<T>(source: AsyncIterable<T>, observer: StreamObser
   return {
     [Symbol.asyncIterator](): AsyncIterator<T> {
       const it = source[Symbol.asyncIterator]();
+      // `then` rather than an async function: one promise per message, not two.
+      const onError = (error: unknown) => {
+        throw observer.error ? observer.error(error) : error;
+      };
+      const onResult = (result: IteratorResult<T>) => {
+        if (result.done === true) observer.end?.();
+        return result;
+      };
       return {
-        async next() {
-          let result: IteratorResult<T>;
+        next: () => {
+          let pending: Promise<IteratorResult<T>>;
           try {
-            result = await it.next();
+            pending = it.next();
           } catch (error) {
-            throw observer.error ? observer.error(error) : error;
+            // An iterator that throws instead of rejecting is observed all the same.
+            return Promise.reject(error as Error).catch(onError);
           }
-          if (result.done === true) observer.end?.();
-          return result;
+          return pending.then(onResult, onError);
         },
         async return(value?: unknown) {
           const result = (await it.return?.(value)) ?? { done: true as const, value: undefined };
