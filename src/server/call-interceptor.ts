@@ -1,3 +1,4 @@
+import { create, toBinary } from "@bufbuild/protobuf";
 import type { Interceptor } from "@connectrpc/connect";
 import { Code, ConnectError } from "@connectrpc/connect";
 import type { Logger } from "pino";
@@ -52,6 +53,7 @@ export function callInterceptor(options: CallInterceptorOptions): Interceptor {
           status = new ConnectError(`internal error${requestId ? ` (request id ${requestId})` : ""}`, Code.Internal);
         }
       }
+      status = encodableStatus(status, logger, req.service.typeName, req.method.name);
       if (record) record.code ??= status.code;
       return status;
     };
@@ -65,4 +67,23 @@ export function callInterceptor(options: CallInterceptorOptions): Interceptor {
     if (!res.stream) return res;
     return { ...res, message: observeStream(res.message, { error: fail }) };
   };
+}
+
+/**
+ * A status whose details cannot be encoded (a uint64 past 2^64 - 1, say)
+ * would fail inside the transport after the handler is done, and the call
+ * would never answer. Such details are dropped here, keeping the code and
+ * message, and the drop is logged.
+ */
+function encodableStatus(status: ConnectError, logger: Logger, service: string, method: string): ConnectError {
+  for (const detail of status.details) {
+    if (!("desc" in detail)) continue;
+    try {
+      toBinary(detail.desc, create(detail.desc, detail.value));
+    } catch (err) {
+      logger.error({ err, service, method, code: status.code, detail: detail.desc.typeName }, "error details cannot be encoded: sent without them");
+      return new ConnectError(status.rawMessage, status.code, status.metadata, undefined, status.cause);
+    }
+  }
+  return status;
 }

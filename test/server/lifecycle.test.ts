@@ -10,6 +10,7 @@ import { pino } from "pino";
 import { z } from "zod";
 import { Health, HealthCheckResponse_ServingStatus as S } from "../../gen/grpc/health/v1/health_pb.js";
 import { AdminService } from "../../gen/mmgate/admin/v1/admin_pb.js";
+import { ErrorDetailSchema } from "../../gen/mmgate/media/v1/media_pb.js";
 import {
   bindService,
   ConfigError,
@@ -69,6 +70,11 @@ function failure(kind: string): Error {
       return new UnmappableError("the mapper throws on this");
     case "timeout":
       return new DOMException("the handler's own timer fired", "TimeoutError");
+    case "bad-detail":
+      // uint64 cannot hold 2^64: the detail cannot be encoded.
+      return new ConnectError("range past the end", Code.OutOfRange, undefined, [
+        { desc: ErrorDetailSchema, value: { code: "READ_RANGE_INVALID", limit: 10n, actual: 2n ** 64n } },
+      ]);
     default:
       return new Error("plain failure with internals");
   }
@@ -158,6 +164,12 @@ describe("host: module lifecycle v2", () => {
       it(`${shape}: a mapper that throws does not leak UNKNOWN: INTERNAL`, async () => {
         const err = await statusOf(() => call(shapesClient(server.transport), "unmappable"));
         expect(err.code).to.equal(Code.Internal);
+      });
+      it(`${shape}: a status whose details cannot be encoded still answers, with its code and message and without the details`, async () => {
+        const err = await statusOf(() => call(shapesClient(server.transport), "bad-detail"));
+        expect(err.code).to.equal(Code.OutOfRange);
+        expect(err.rawMessage).to.equal("range past the end");
+        expect(err.details).to.deep.equal([]);
       });
       it(`${shape}: a handler's own TimeoutError answers DEADLINE_EXCEEDED`, async () => {
         const err = await statusOf(() => call(shapesClient(server.transport), "timeout"));
