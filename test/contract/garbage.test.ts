@@ -196,8 +196,13 @@ function someField(rng: Rng, message: DescMessage | undefined): WireField {
   return { no: 1 + rng.int(rng.bool() ? 32 : 2 ** 29 - 1), wireType: rng.pick([WT_VARINT, WT_I64, WT_LEN, WT_I32]) };
 }
 
+/** uint64 values at and near the edges, where request arithmetic overflows. */
+const U64_EDGES = [0n, 1n, 2n ** 32n - 1n, 2n ** 32n, 2n ** 53n + 1n, 2n ** 63n - 1n, 2n ** 63n, 2n ** 64n - 2n, 2n ** 64n - 1n];
+
 function someVarint(rng: Rng): number[] {
-  switch (rng.int(4)) {
+  switch (rng.int(5)) {
+    case 4:
+      return varint(rng.pick(U64_EDGES));
     case 0:
       return varint(rng.int(300));
     case 1:
