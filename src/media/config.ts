@@ -19,8 +19,18 @@ export const mediaConfigSchema = z.strictObject({
       maxImageHeight: z.number().int().min(1).nullable().default(null),
       /** Largest decoded tensor, W·H·C bytes (the reference's default, 128 MiB). */
       maxAlloc: z.number().int().min(1).max(16 * GiB).default(DEFAULT_MAX_ALLOC),
-      /** Decodes running at once; more wait (bounded by their deadline). */
+      /** Decodes running at once; more wait in the queue below. */
       maxConcurrentDecodes: z.number().int().min(1).max(256).default(4),
+      /**
+       * Calls allowed to wait for a decode slot; beyond it a call is refused
+       * at once (OVERLOADED, RESOURCE_EXHAUSTED with retry-after). 0: no
+       * waiting. The default, 16, is four times the default concurrency: a
+       * waiter is at most four decode rounds from its turn, and the queue
+       * stays small because each waiter holds its encoded input (up to
+       * fetch.maxBodyBytes for a URL). A fixed number rather than a multiple,
+       * so the effective value is the one print-config shows.
+       */
+      maxQueuedDecodes: z.number().int().min(0).max(4096).default(16),
       /**
        * libvips threads one decode may use (sharp.concurrency, process-wide);
        * 0 means one per core. sharp's own default on glibc is 1, which makes a
@@ -44,8 +54,15 @@ export const mediaConfigSchema = z.strictObject({
       /** Largest body (or decoded data URL) accepted. */
       maxBodyBytes: z.number().int().min(1).max(4 * GiB).default(64 * MiB),
       maxRedirects: z.number().int().min(0).max(20).default(3),
-      /** URL fetches running at once (each may buffer up to maxBodyBytes); others wait. */
+      /** URL fetches running at once (each may buffer up to maxBodyBytes); others wait in the queue below. */
       maxConcurrentFetches: z.number().int().min(1).max(1024).default(16),
+      /**
+       * Calls allowed to wait for a fetch slot; beyond it a call is refused
+       * at once (OVERLOADED). 0: no waiting. The default, 64, is four times
+       * the default concurrency: a waiting fetch holds no body yet, so the
+       * bound is about time spent waiting (at most four fetch rounds), not memory.
+       */
+      maxQueuedFetches: z.number().int().min(0).max(16_384).default(64),
       userAgent: z.string().min(1).default("mmgate-media-fetcher"),
     })
     .prefault({}),
@@ -74,6 +91,16 @@ export function decoderLimits(config: MediaConfig): ImageDecoderLimits {
 }
 
 export function fetchPolicy(config: MediaConfig): FetchPolicy {
-  const { maxConcurrentFetches: _slots, ...policy } = config.fetch;
+  const { maxConcurrentFetches: _slots, maxQueuedFetches: _queued, ...policy } = config.fetch;
   return policy;
+}
+
+/**
+ * The most memory the media module's own data can take: the tensor store's
+ * budget plus a full-size tensor for every decode in flight (the decoder
+ * allocates the tensor before it is stored). Encoded inputs (request bodies,
+ * fetched bodies up to fetch.maxBodyBytes) come on top while they are held.
+ */
+export function peakMemoryBytes(config: MediaConfig): number {
+  return config.store.maxBytes + config.decoder.maxAlloc * config.decoder.maxConcurrentDecodes;
 }

@@ -33,7 +33,8 @@ export type MediaErrorCode =
   | "TENSOR_NOT_FOUND"
   | "TENSOR_TOO_LARGE_FOR_STORE"
   | "INLINE_PIXELS_TOO_LARGE"
-  | "READ_RANGE_INVALID";
+  | "READ_RANGE_INVALID"
+  | "OVERLOADED";
 
 const STATUS: Record<MediaErrorCode, Code> = {
   IMAGE_FORMAT_UNSUPPORTED: Code.InvalidArgument,
@@ -68,7 +69,15 @@ const STATUS: Record<MediaErrorCode, Code> = {
   TENSOR_TOO_LARGE_FOR_STORE: Code.ResourceExhausted,
   INLINE_PIXELS_TOO_LARGE: Code.ResourceExhausted,
   READ_RANGE_INVALID: Code.OutOfRange,
+  OVERLOADED: Code.ResourceExhausted,
 };
+
+/**
+ * The `retry-after` (seconds) sent with OVERLOADED. A queue place frees as
+ * soon as one decode or fetch ends (tens of milliseconds for a typical
+ * image), so the hint is the smallest the header can carry in whole seconds.
+ */
+export const OVERLOADED_RETRY_AFTER_SECONDS = 1;
 
 /** A media failure with a stable code and, where one applies, the limit hit. */
 export class MediaError extends Error {
@@ -89,16 +98,29 @@ export class MediaError extends Error {
 
 /**
  * The media module's error mapper: a MediaError keeps its status and its
- * typed detail; anything else is left to the host (logged, INTERNAL).
+ * typed detail (OVERLOADED also gets `retry-after` metadata); anything else
+ * is left to the host (logged, INTERNAL).
  */
 export function mediaErrorToConnect(error: unknown): ConnectError | undefined {
   if (error instanceof MediaError) {
+    // The values often come from request arithmetic (offset + length, the
+    // product of a shape) and may pass 2^64 - 1: saturate, so the detail
+    // always encodes.
     const detail = create(ErrorDetailSchema, {
       code: error.code,
-      limit: error.limit ?? 0n,
-      actual: error.actual ?? 0n,
+      limit: saturateU64(error.limit ?? 0n),
+      actual: saturateU64(error.actual ?? 0n),
     });
-    return new ConnectError(error.message, error.status, undefined, [{ desc: ErrorDetailSchema, value: detail }]);
+    const metadata = new Headers();
+    if (error.code === "OVERLOADED") metadata.set("retry-after", String(OVERLOADED_RETRY_AFTER_SECONDS));
+    return new ConnectError(error.message, error.status, metadata, [{ desc: ErrorDetailSchema, value: detail }]);
   }
   return undefined;
+}
+
+const U64_MAX = 2n ** 64n - 1n;
+
+/** A bigint clamped into uint64's range. */
+function saturateU64(value: bigint): bigint {
+  return value < 0n ? 0n : value > U64_MAX ? U64_MAX : value;
 }

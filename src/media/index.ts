@@ -1,6 +1,7 @@
 import { MediaService } from "../../gen/mmgate/media/v1/media_pb.js";
 import { defineModule, bindService } from "../server/index.js";
-import { mediaConfigSchema } from "./config.js";
+import type { Semaphore } from "../util/index.js";
+import { mediaConfigSchema, peakMemoryBytes } from "./config.js";
 import { agentMetadataBytes, encodeNixlMetadata, newTransferAgent } from "./descriptor.js";
 import { mediaErrorToConnect } from "./errors.js";
 import { configureSharp } from "./image-decoder.js";
@@ -9,41 +10,86 @@ import { createMediaPipeline, type MediaPipeline } from "./pipeline.js";
 import { createMediaService } from "./service.js";
 import { TensorStore } from "./tensor-store.js";
 
+/** Options of a media module built by `createMediaModule`. */
+export interface MediaModuleOptions {
+  /**
+   * Decode slots shared with other work, or held by a test; by default each
+   * instance has its own of decoder.maxConcurrentDecodes. The queue in front
+   * of them is bounded by decoder.maxQueuedDecodes either way.
+   */
+  readonly decodeSlots?: Semaphore;
+  /** Fetch slots, likewise (default fetch.maxConcurrentFetches). */
+  readonly fetchSlots?: Semaphore;
+}
+
 /**
  * The `media` module: MediaService over a bounded tensor store. Other
  * modules that `require` it get its pipeline (fetch, decode, store).
  */
-export const mediaModule = defineModule({
-  name: "media",
-  description: "Decoded media: image tensors, the canonical XXH3 content hash, transfer descriptors",
-  configSchema: mediaConfigSchema,
-  mapError: mediaErrorToConnect,
-  create(ctx) {
-    const config = ctx.config;
-    configureSharp(config.decoder.threadsPerDecode);
-    const tensors = new TensorStore({
-      maxBytes: config.store.maxBytes,
-      ttlMs: config.store.ttlMs,
-      // Called only after construction, once `metrics` exists.
-      onEvict: (_tensor, reason) => metrics.evictions.inc({ reason }),
-    });
-    const metrics = new MediaMetrics(ctx.metrics, tensors);
-    const agent = newTransferAgent(ctx.advertisedAddress);
-    const pipeline: MediaPipeline = createMediaPipeline({ config, tensors, nixlMetadata: encodeNixlMetadata(agentMetadataBytes(agent)) });
-    ctx.logger.info({ agent: agent.name, storeBytes: config.store.maxBytes }, "media tensor store ready");
-    return {
-      services: [bindService(MediaService, createMediaService({ config, pipeline, logger: ctx.logger }))],
-      exports: pipeline,
-      close() {
-        tensors.clear();
-      },
-    };
-  },
-});
+export function createMediaModule(options: MediaModuleOptions = {}) {
+  return defineModule({
+    name: "media",
+    description: "Decoded media: image tensors, the canonical XXH3 content hash, transfer descriptors",
+    configSchema: mediaConfigSchema,
+    mapError: mediaErrorToConnect,
+    create(ctx) {
+      const config = ctx.config;
+      configureSharp(config.decoder.threadsPerDecode);
+      const tensors = new TensorStore({
+        maxBytes: config.store.maxBytes,
+        ttlMs: config.store.ttlMs,
+        // Called only after construction, once `metrics` exists.
+        onEvict: (_tensor, reason) => metrics.evictions.inc({ reason }),
+      });
+      // Read at scrape time only, after construction, once `pipeline` exists.
+      const metrics = new MediaMetrics(ctx.metrics, tensors, () => pipeline.load);
+      const agent = newTransferAgent(ctx.advertisedAddress);
+      const pipeline: MediaPipeline = createMediaPipeline({
+        config,
+        tensors,
+        nixlMetadata: encodeNixlMetadata(agentMetadataBytes(agent)),
+        ...(options.decodeSlots ? { decodeSlots: options.decodeSlots } : {}),
+        ...(options.fetchSlots ? { fetchSlots: options.fetchSlots } : {}),
+        onRejected: (stage) => metrics.admissionRejected.inc({ stage }),
+      });
+      ctx.logger.info(
+        {
+          agent: agent.name,
+          storeBytes: config.store.maxBytes,
+          // Store budget + decoder.maxAlloc × decoder.maxConcurrentDecodes.
+          peakMemoryBytes: peakMemoryBytes(config),
+          maxConcurrentDecodes: config.decoder.maxConcurrentDecodes,
+          maxQueuedDecodes: config.decoder.maxQueuedDecodes,
+          maxConcurrentFetches: config.fetch.maxConcurrentFetches,
+          maxQueuedFetches: config.fetch.maxQueuedFetches,
+        },
+        "media tensor store ready",
+      );
+      return {
+        services: [bindService(MediaService, createMediaService({ config, pipeline, logger: ctx.logger }))],
+        exports: pipeline,
+        close() {
+          tensors.clear();
+        },
+      };
+    },
+  });
+}
 
-export { mediaConfigSchema, type MediaConfig } from "./config.js";
-export { MediaError, type MediaErrorCode } from "./errors.js";
-export { createMediaPipeline, type DecodeOptions, type MediaPipeline, type MediaSource, type StoredMedia } from "./pipeline.js";
+/** The `media` module as the server runs it. */
+export const mediaModule = createMediaModule();
+
+export { mediaConfigSchema, peakMemoryBytes, type MediaConfig } from "./config.js";
+export { MediaError, OVERLOADED_RETRY_AFTER_SECONDS, type MediaErrorCode } from "./errors.js";
+export { MediaAdmission, MEDIA_STAGES, type MediaStage, type MediaStageLoad } from "./admission.js";
+export {
+  createMediaPipeline,
+  type DecodeOptions,
+  type MediaPipeline,
+  type MediaPipelineOptions,
+  type MediaSource,
+  type StoredMedia,
+} from "./pipeline.js";
 export type {
   ColorType,
   DataType,

@@ -1,5 +1,6 @@
 import { Semaphore } from "../util/index.js";
 import { decoderLimits, fetchPolicy, type MediaConfig } from "./config.js";
+import { MediaAdmission, type MediaStage, type MediaStageLoad } from "./admission.js";
 import { buildDescriptor, descriptorToJson } from "./descriptor.js";
 import { MediaError } from "./errors.js";
 import { fetchMedia, type Resolver } from "./fetcher.js";
@@ -24,8 +25,9 @@ export interface StoredMedia {
 
 /**
  * The media capability as other modules use it (the encode worker, say):
- * fetch and decode under the configured limits and concurrency, and keep
- * results in the tensor store. MediaService is a thin layer over it.
+ * fetch and decode under the configured limits, concurrency and bounded
+ * queues (a call beyond a full queue fails at once with OVERLOADED), and
+ * keep results in the tensor store. MediaService is a thin layer over it.
  */
 export interface MediaPipeline {
   /** Fetches (URL policy, size limit) or takes the bytes, then decodes under the decoder limits. */
@@ -35,6 +37,8 @@ export interface MediaPipeline {
   readonly tensors: TensorStore;
   /** "b64:…" metadata of this process's transfer agent. */
   readonly nixlMetadata: string;
+  /** Running and waiting operations of each stage, live. */
+  readonly load: Readonly<Record<MediaStage, MediaStageLoad>>;
 }
 
 export interface MediaPipelineOptions {
@@ -43,35 +47,39 @@ export interface MediaPipelineOptions {
   readonly nixlMetadata: string;
   /** Name resolution for URL fetches (tests substitute one). */
   readonly resolver?: Resolver;
-}
-
-/** Runs `work` holding one of `slots`; a cancelled wait rethrows the caller's abort reason. */
-async function withSlot<T>(slots: Semaphore, signal: AbortSignal, work: () => Promise<T>): Promise<T> {
-  let permit;
-  try {
-    permit = await slots.acquire(signal);
-  } catch (error) {
-    signal.throwIfAborted();
-    throw error;
-  }
-  try {
-    return await work();
-  } finally {
-    permit.release();
-  }
+  /**
+   * The decode slots, when they are shared with other work (or held by a
+   * test); by default a Semaphore of decoder.maxConcurrentDecodes. The queue
+   * in front of them is bounded by decoder.maxQueuedDecodes either way.
+   */
+  readonly decodeSlots?: Semaphore;
+  /** The fetch slots, likewise (default: fetch.maxConcurrentFetches, queue fetch.maxQueuedFetches). */
+  readonly fetchSlots?: Semaphore;
+  /** Called for every call refused because a stage's queue is full. */
+  readonly onRejected?: (stage: MediaStage) => void;
 }
 
 export function createMediaPipeline(options: MediaPipelineOptions): MediaPipeline {
   const { config, tensors, nixlMetadata } = options;
   const limits = decoderLimits(config);
   const policy = fetchPolicy(config);
-  const decodeSlots = new Semaphore(config.decoder.maxConcurrentDecodes);
-  const fetchSlots = new Semaphore(config.fetch.maxConcurrentFetches);
+  const decodes = new MediaAdmission(
+    "decode",
+    options.decodeSlots ?? new Semaphore(config.decoder.maxConcurrentDecodes),
+    config.decoder.maxQueuedDecodes,
+    options.onRejected,
+  );
+  const fetches = new MediaAdmission(
+    "fetch",
+    options.fetchSlots ?? new Semaphore(config.fetch.maxConcurrentFetches),
+    config.fetch.maxQueuedFetches,
+    options.onRejected,
+  );
 
   async function encodedBytes(source: MediaSource, signal: AbortSignal): Promise<Uint8Array> {
     if (source.url !== undefined) {
       const url = source.url;
-      return withSlot(fetchSlots, signal, () => fetchMedia(url, policy, { signal, ...(options.resolver ? { resolver: options.resolver } : {}) }));
+      return fetches.run(signal, () => fetchMedia(url, policy, { signal, ...(options.resolver ? { resolver: options.resolver } : {}) }));
     }
     if (source.data.length === 0) throw new MediaError("IMAGE_DECODE_FAILED", "image data is empty");
     return source.data;
@@ -80,9 +88,10 @@ export function createMediaPipeline(options: MediaPipelineOptions): MediaPipelin
   return {
     tensors,
     nixlMetadata,
+    load: { decode: decodes, fetch: fetches },
     async decode(source, decodeOptions, signal) {
       const bytes = await encodedBytes(source, signal);
-      return withSlot(decodeSlots, signal, () =>
+      return decodes.run(signal, () =>
         decodeImage(bytes, limits, {
           forceRgb: decodeOptions.forceRgb ?? false,
           applyExifOrientation: decodeOptions.applyExifOrientation ?? false,

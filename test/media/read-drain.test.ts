@@ -42,7 +42,7 @@ describe("ReadTensor stream ending", () => {
 describe("config and decode slots", () => {
   it("parses {} to the documented defaults", () => {
     const c = mediaConfigSchema.parse({});
-    expect(c.decoder).to.deep.equal({ maxImageWidth: null, maxImageHeight: null, maxAlloc: 134217728, maxConcurrentDecodes: 4, threadsPerDecode: 0 });
+    expect(c.decoder).to.deep.equal({ maxImageWidth: null, maxImageHeight: null, maxAlloc: 134217728, maxConcurrentDecodes: 4, maxQueuedDecodes: 16, threadsPerDecode: 0 });
     expect(c.fetch).to.deep.equal({
       allowDirectIp: false,
       allowDirectPort: false,
@@ -53,6 +53,7 @@ describe("config and decode slots", () => {
       maxBodyBytes: 64 * 1024 * 1024,
       maxRedirects: 3,
       maxConcurrentFetches: 16,
+      maxQueuedFetches: 64,
       userAgent: "mmgate-media-fetcher",
     });
     expect(c.store).to.deep.equal({ maxBytes: 1024 ** 3, ttlMs: 120_000 });
