@@ -1,5 +1,5 @@
 import { createServer } from "node:http";
-import type { Server } from "node:http";
+import type { Server, ServerOptions } from "node:http";
 import type { Registry } from "prom-client";
 import type { HealthRegistry } from "./health.js";
 import { ServingStatus } from "./health.js";
@@ -8,9 +8,11 @@ import { ServingStatus } from "./health.js";
  * The HTTP/1.1 admin listener: Prometheus metrics, liveness and readiness.
  * /healthz answers 200 while the process runs; /readyz answers 200 only
  * while the server is SERVING (503 when draining or taken out of rotation).
+ * `options` bound how long a client may take (headers, whole request, idle
+ * keep-alive); Node's defaults apply without them.
  */
-export function createAdminServer(metrics: Registry, health: HealthRegistry): Server {
-  return createServer((req, res) => {
+export function createAdminServer(metrics: Registry, health: HealthRegistry, options: ServerOptions = {}): Server {
+  return createServer(options, (req, res) => {
     const path = (req.url ?? "/").split("?", 1)[0];
     if (req.method !== "GET" && req.method !== "HEAD") {
       res.writeHead(405, { allow: "GET, HEAD" }).end();

@@ -19,6 +19,8 @@ export const hostPort = z
   .refine((s) => splitHostPort(s).port <= 65535, "port must be 0..65535");
 
 const bytes = (min: number, max: number) => z.number().int().min(min).max(max);
+/** A duration in milliseconds that a Node timer can hold. */
+const timerMs = z.number().int().min(0).max(2 ** 31 - 1);
 
 /** Settings of the host itself; each module adds its own section. */
 export const hostConfigSchema = z.strictObject({
@@ -51,6 +53,38 @@ export const hostConfigSchema = z.strictObject({
       maxTimeoutMs: z.number().int().min(0).default(0),
     })
     .prefault({}),
+  connections: z
+    .strictObject({
+      /** An HTTP/2 session with no open stream for this long is closed (GOAWAY); 0 turns it off. */
+      idleTimeoutMs: timerMs.default(300_000),
+      /** A session silent for this long gets a PING; 0 turns keepalive off. */
+      keepaliveTimeMs: timerMs.default(7_200_000),
+      /** A keepalive PING not acknowledged within this is the end of the session. */
+      keepaliveTimeoutMs: timerMs.min(1).default(20_000),
+      /** A client PING sooner than this after the previous one is a strike; 0 allows any rate. */
+      minPingIntervalMs: timerMs.default(10_000),
+      /** Strikes in a row allowed before GOAWAY ENHANCE_YOUR_CALM (grpc's default: 2). */
+      maxPingStrikes: z.number().int().min(0).default(2),
+      /** A connection must finish its TLS handshake and HTTP/2 preface within this; 0 turns it off. */
+      handshakeTimeoutMs: timerMs.default(10_000),
+      /** Open connections at most; a new one over it is closed at once. 0 means no cap. */
+      maxConnections: z.number().int().min(0).default(0),
+    })
+    .prefault({}),
+  admin: z
+    .strictObject({
+      /** How long a client may take to send a request's headers on the admin listener; 0: no limit. */
+      headersTimeoutMs: timerMs.default(10_000),
+      /** How long a client may take to send a whole request on the admin listener; 0: no limit. */
+      requestTimeoutMs: timerMs.default(30_000),
+      /** How long an idle keep-alive connection to the admin listener stays open. */
+      keepAliveTimeoutMs: timerMs.default(5_000),
+    })
+    .prefault({})
+    .refine(
+      (a) => a.requestTimeoutMs === 0 || a.headersTimeoutMs === 0 || a.headersTimeoutMs <= a.requestTimeoutMs,
+      "admin.headersTimeoutMs must not exceed admin.requestTimeoutMs",
+    ),
   auth: z
     .strictObject({
       /** Bearer token that mutating and admin methods require; "" disables auth. */

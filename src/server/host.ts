@@ -9,6 +9,7 @@ import { Code, ConnectError, createContextValues } from "@connectrpc/connect";
 import { connectNodeAdapter } from "@connectrpc/connect-node";
 import type { Logger } from "pino";
 import { createAdminServer } from "./admin-http.js";
+import { adminServerTimeouts, guardConnections } from "./connections.js";
 import { AdminService, adminService } from "./admin-service.js";
 import { bearerAuthInterceptor } from "./auth.js";
 import type { MmgateConfig } from "./config.js";
@@ -134,37 +135,36 @@ function unknownMethod(req: NodeReq, res: NodeRes): void {
 
 /**
  * Once a response has ended, a request body the handler did not read to its
- * end (it failed early, or ended a stream the client was still feeding) is
- * cut with RST_STREAM(NO_ERROR), as HTTP/2 allows after a complete response.
- * Left alone, its unread data is never consumed, and the paused stream keeps
- * the whole connection open even after the client has closed it. The cut
- * waits for the trailers, which carry the gRPC status.
+ * end (it was over the size limit, the handler failed early, or it ended a
+ * stream the client was still feeding) is cut with RST_STREAM(NO_ERROR), as
+ * HTTP/2 allows after a complete response, for every protocol; over HTTP/1.1
+ * the connection is closed instead. Left alone, the unread data is never
+ * consumed: the stream stalls on flow control, holds its buffers, keeps the
+ * connection open after the client has closed it, and a client still
+ * sending never sees the answer it was given.
  */
 function releaseUnreadRequest(req: NodeReq, res: NodeRes): void {
-  if (!("stream" in res)) return;
+  if (!("stream" in res)) {
+    // HTTP/1.1 (the TLS port): once the response is out, a connection whose
+    // request body was left unread is closed rather than drained.
+    const socket = req.socket;
+    res.once("finish", () => {
+      if (!req.readableEnded) setImmediate(() => socket.destroy());
+    });
+    return;
+  }
   const stream = res.stream;
-  const response = res as unknown as {
-    addTrailers: (headers: Record<string, unknown>) => void;
-    end: (...args: unknown[]) => unknown;
-  };
-  let trailers = false;
-  const addTrailers = response.addTrailers.bind(res);
-  response.addTrailers = (headers) => {
-    trailers = true;
-    addTrailers(headers);
-  };
-  const end = response.end.bind(res);
-  response.end = (...args) => {
-    const result = end(...args);
-    if (!req.readableEnded && !stream.destroyed) {
-      stream.once(trailers ? "wantTrailers" : "finish", () =>
-        setImmediate(() => {
-          if (!stream.destroyed) stream.destroy();
-        }),
-      );
-    }
-    return result;
-  };
+  // The compatibility layer always waits for trailers, so "wantTrailers"
+  // fires for every protocol once the response body is out; the trailers
+  // (the gRPC status, or none for gRPC-Web and Connect) go out on the same
+  // tick, and END_STREAM with them. Only then is the stream cut: cut on
+  // "finish", END_STREAM would not have left yet and the client would see
+  // a reset instead of its response.
+  stream.once("wantTrailers", () =>
+    setImmediate(() => {
+      if (!req.readableEnded && !stream.destroyed) stream.destroy();
+    }),
+  );
 }
 
 /**
@@ -203,6 +203,8 @@ export async function startHost(options: HostOptions): Promise<Host> {
           allowHTTP1: true,
           settings,
           maxSessionMemory: 64,
+          // 0 turns connections.handshakeTimeoutMs off; Node's TLS default is 120 s.
+          handshakeTimeout: config.connections.handshakeTimeoutMs || 2 ** 31 - 1,
         },
         onRequest,
       )
@@ -230,6 +232,8 @@ export async function startHost(options: HostOptions): Promise<Host> {
     });
     if (drainController.signal.aborted) session.close();
   });
+  // Handshake, idle, keepalive and PING limits, and the connection cap.
+  guardConnections(server, config.connections, metrics.registry);
 
   const address = await listen(server, config.listen);
   const advertised = config.advertiseAddress || address;
@@ -369,7 +373,7 @@ export async function startHost(options: HostOptions): Promise<Host> {
   let adminAddress = "";
   try {
     if (config.adminListen !== "") {
-      admin = createAdminServer(metrics.registry, health);
+      admin = createAdminServer(metrics.registry, health, adminServerTimeouts(config.admin));
       adminAddress = await listen(admin, config.adminListen);
     }
     // The routes are live: modules may now register, watch and call each other.
