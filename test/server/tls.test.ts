@@ -59,6 +59,23 @@ describe("TLS", () => {
     expect(badCa.stderr).to.match(/^mmgate: --ca: cannot read \/no\/ca\.pem[^\n]*\n$/);
   });
 
+  it("answers an oversized HTTP/1.1 Connect request at once and closes its connection instead of draining the body", async () => {
+    const outcome = await new Promise<{ status: number; closed: boolean }>((resolve, reject) => {
+      const req = request(
+        `https://${server.addr}/grpc.health.v1.Health/Check`,
+        { method: "POST", ca, servername: "", headers: { "content-type": "application/proto" } },
+        (res) => {
+          res.resume();
+          res.on("end", () => req.socket?.once("close", () => resolve({ status: res.statusCode ?? 0, closed: true })));
+        },
+      );
+      req.on("error", (err) => reject(err));
+      // 9 MiB announced by nothing but the bytes: over the 8 MiB limit, and never finished.
+      for (let i = 0; i < 9; i++) req.write(Buffer.alloc(1024 * 1024));
+    });
+    expect(outcome).to.deep.equal({ status: 429, closed: true });
+  });
+
   it("accepts HTTP/1.1 Connect unary calls on the same port", async () => {
     const body = await new Promise<string>((resolve, reject) => {
       const req = request(
