@@ -1,7 +1,4 @@
 import { execFileSync } from "node:child_process";
-import { mkdtempSync } from "node:fs";
-import { tmpdir } from "node:os";
-import { join } from "node:path";
 import { Code, ConnectError, createClient } from "@connectrpc/connect";
 import { expect } from "chai";
 import { Gauge, Registry } from "prom-client";
@@ -9,6 +6,7 @@ import { Health, HealthCheckResponse_ServingStatus as S } from "../../gen/grpc/h
 import { ChannelConfigError, channelConfigSchema, channelDefaults, createChannel, withCallContext, type Channel } from "../../src/rpc/index.js";
 import type { InProcessServer } from "../support/server.js";
 import { startServer } from "../support/server.js";
+import { selfSignedCertificate } from "../support/tls.js";
 
 /** The server refuses a grpc-timeout above this, which makes the header observable. */
 const SERVER_MAX_TIMEOUT_MS = 60_000;
@@ -244,15 +242,8 @@ describe("rpc: createChannel over TLS", () => {
     } catch {
       this.skip();
     }
-    const dir = mkdtempSync(join(tmpdir(), "mmgate-rpc-tls-"));
-    caFile = join(dir, "cert.pem");
-    const keyFile = join(dir, "key.pem");
-    execFileSync(
-      "openssl",
-      ["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1",
-        "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", keyFile, "-out", caFile],
-      { stdio: "ignore" },
-    );
+    const { certFile, keyFile } = selfSignedCertificate();
+    caFile = certFile;
     server = await startServer({ config: { tls: { certFile: caFile, keyFile } } });
   });
   afterEach(() => {

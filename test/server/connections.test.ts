@@ -1,15 +1,11 @@
-import { execFileSync } from "node:child_process";
-import { mkdtempSync } from "node:fs";
 import * as http2 from "node:http2";
 import { connect } from "node:net";
 import type { Socket } from "node:net";
-import { tmpdir } from "node:os";
-import { join } from "node:path";
 import { connect as tlsConnect } from "node:tls";
 import { expect } from "chai";
 import { ConfigError, resolveConfig } from "../../src/server/index.js";
 import type { InProcessServer } from "../support/index.js";
-import { eventually, startServer } from "../support/index.js";
+import { eventually, selfSignedCertificate, startServer } from "../support/index.js";
 
 /** A gRPC message frame holding an empty HealthCheckRequest (service ""). */
 const EMPTY_REQUEST = Buffer.from([0, 0, 0, 0, 0]);
@@ -17,18 +13,6 @@ const PREFACE = Buffer.from("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", "latin1");
 /** An empty SETTINGS frame: length 0, type 4, no flags, stream 0. */
 const EMPTY_SETTINGS = Buffer.from([0, 0, 0, 4, 0, 0, 0, 0, 0]);
 
-/** A self-signed certificate for 127.0.0.1, made with the system's openssl. */
-function selfSigned(): { certFile: string; keyFile: string } {
-  const dir = mkdtempSync(join(tmpdir(), "mmgate-conn-"));
-  const certFile = join(dir, "cert.pem");
-  const keyFile = join(dir, "key.pem");
-  execFileSync("openssl", [
-    "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1",
-    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
-    "-keyout", keyFile, "-out", certFile,
-  ], { stdio: "ignore" });
-  return { certFile, keyFile };
-}
 
 function grpcHeaders(method: "Check" | "Watch"): http2.OutgoingHttpHeaders {
   return {
@@ -175,7 +159,7 @@ describe("connection limits of the HTTP/2 listener and the admin listener", func
   });
 
   it("with TLS, destroys connections that stall in the TLS handshake or before the HTTP/2 preface", async () => {
-    await start({ tls: selfSigned(), connections: { handshakeTimeoutMs: 300 } });
+    await start({ tls: selfSignedCertificate(), connections: { handshakeTimeoutMs: 300 } });
     // TCP only: no ClientHello.
     const silent = await raw(server!.addr);
     // TLS done (ALPN h2), then no preface.

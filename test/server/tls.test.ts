@@ -1,28 +1,14 @@
 import { execFileSync } from "node:child_process";
-import { mkdtempSync, readFileSync } from "node:fs";
+import { readFileSync } from "node:fs";
 import { request } from "node:https";
-import { tmpdir } from "node:os";
-import { join } from "node:path";
 import { createClient } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
 import * as grpc from "@grpc/grpc-js";
 import { expect } from "chai";
 import { AdminService } from "../../gen/mmgate/admin/v1/admin_pb.js";
 import type { InProcessServer } from "../support/index.js";
-import { grpcJsClient, grpcUnary, runMmgate, startServer } from "../support/index.js";
+import { grpcJsClient, grpcUnary, runMmgate, selfSignedCertificate, startServer } from "../support/index.js";
 
-/** A self-signed certificate for 127.0.0.1, made with the system's openssl. */
-function selfSigned(): { certFile: string; keyFile: string } {
-  const dir = mkdtempSync(join(tmpdir(), "mmgate-tls-"));
-  const certFile = join(dir, "cert.pem");
-  const keyFile = join(dir, "key.pem");
-  execFileSync("openssl", [
-    "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1",
-    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
-    "-keyout", keyFile, "-out", certFile,
-  ], { stdio: "ignore" });
-  return { certFile, keyFile };
-}
 
 describe("TLS", () => {
   let server: InProcessServer;
@@ -34,7 +20,7 @@ describe("TLS", () => {
     } catch {
       this.skip();
     }
-    const tls = selfSigned();
+    const tls = selfSignedCertificate();
     ca = readFileSync(tls.certFile);
     caFile = tls.certFile;
     server = await startServer({ config: { tls } });

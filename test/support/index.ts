@@ -5,3 +5,4 @@ export * from "./eventually.js";
 export * from "./rejection.js";
 export * from "./server.js";
 export * from "./split.js";
+export * from "./tls.js";
