@@ -1,0 +1,26 @@
+// Installs the Debian packages the tests use when they are missing: openssl
+// (throwaway TLS certificates) and etcd-server (a real etcd for the discovery
+// tests). `npm test` runs it first, so a fresh machine needs nothing by hand.
+// Without apt-get or root it says what is missing and leaves the tests to
+// skip (or, with CI set, to fail).
+import { execFileSync, spawnSync } from "node:child_process";
+
+const tools = [
+  { command: "openssl", pkg: "openssl" },
+  { command: "etcd", pkg: "etcd-server" },
+];
+
+const has = (command) => spawnSync("sh", ["-c", `command -v ${command}`], { stdio: "ignore" }).status === 0;
+const missing = tools.filter((t) => !has(t.command));
+if (missing.length > 0) {
+  const packages = missing.map((t) => t.pkg);
+  const root = typeof process.getuid === "function" && process.getuid() === 0;
+  if (root && has("apt-get")) {
+    process.stdout.write(`installing ${packages.join(", ")} (apt-get)\n`);
+    const env = { ...process.env, DEBIAN_FRONTEND: "noninteractive" };
+    execFileSync("apt-get", ["update", "-qq"], { stdio: "inherit", env });
+    execFileSync("apt-get", ["install", "-y", "-qq", ...packages], { stdio: ["ignore", "ignore", "inherit"], env });
+  } else {
+    process.stderr.write(`missing ${packages.join(", ")}: install them (Debian: apt-get install ${packages.join(" ")}) or the tests that need them skip\n`);
+  }
+}
