@@ -6,3 +6,4 @@ export * from "./rejection.js";
 export * from "./server.js";
 export * from "./split.js";
 export * from "./tls.js";
+export * from "./etcd.js";
