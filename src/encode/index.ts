@@ -10,3 +10,18 @@ export {
   type FallbackCause,
   type HopCallOptions,
 } from "./router.js";
+export {
+  createEncodeWorkerService,
+  ENCODER_RESULT_SCHEMA_VERSION,
+  encodeWorkerConfigSchema,
+  encodeWorkerModule,
+  type EncodeWorkerConfig,
+  type EncodeWorkerDeps,
+} from "./worker.js";
+export {
+  createTokenWorkerService,
+  demoToken,
+  tokenWorkerConfigSchema,
+  tokenWorkerModule,
+  type TokenWorkerConfig,
+} from "./token-worker.js";

@@ -1,0 +1,107 @@
+import { create, fromJson, type MessageInitShape } from "@bufbuild/protobuf";
+import { ValueSchema } from "@bufbuild/protobuf/wkt";
+import type { HandlerContext, ServiceImpl } from "@connectrpc/connect";
+import { z } from "zod";
+import { FinishReason_Kind, OutputType, type LLMEngineOutputSchema } from "../../gen/mmgate/llm/v1/output_pb.js";
+import type { PreprocessedRequest } from "../../gen/mmgate/llm/v1/request_pb.js";
+import {
+  GenerateResponseSchema,
+  TokenWorkerService,
+  type GenerateRequest,
+  type GenerateResponse,
+} from "../../gen/mmgate/llm/v1/token_worker_pb.js";
+import { bindService, defineModule } from "../server/index.js";
+
+/** The `tokenWorker` config section; every key defaulted, so `{}` parses. */
+export const tokenWorkerConfigSchema = z.strictObject({
+  /** Most tokens one request may generate; a larger stop_conditions.max_tokens is capped to it. */
+  maxTokens: z.number().int().min(0).max(65_536).default(256),
+  /** Tokens generated when the request sets no max_tokens. */
+  defaultMaxTokens: z.number().int().min(0).max(65_536).default(8),
+  /** Token ids are drawn from [0, vocabSize). */
+  vocabSize: z.number().int().min(1).max(2 ** 32 - 1).default(32_000),
+});
+
+export type TokenWorkerConfig = z.output<typeof tokenWorkerConfigSchema>;
+
+const FNV_OFFSET = 0x811c9dc5;
+const FNV_PRIME = 0x01000193;
+
+function fnv1a(hash: number, value: number): number {
+  let h = hash;
+  for (let shift = 0; shift < 32; shift += 8) {
+    h ^= (value >>> shift) & 0xff;
+    h = Math.imul(h, FNV_PRIME) >>> 0;
+  }
+  return h;
+}
+
+/** FNV-1a over the prompt token ids: the seed every generated token is derived from. */
+function promptSeed(tokenIds: readonly number[]): number {
+  let h = FNV_OFFSET;
+  h = fnv1a(h, tokenIds.length);
+  for (const id of tokenIds) h = fnv1a(h, id);
+  return h;
+}
+
+/** The token at `position` of a prompt with `seed`: the same prompt always yields the same tokens. */
+export function demoToken(seed: number, position: number, vocabSize: number): number {
+  return fnv1a(seed, position) % vocabSize;
+}
+
+/** Counts reported on the final output: whether the hop attached an encoder result, and how many items. */
+function mediaReport(request: PreprocessedRequest | undefined) {
+  const mediaItems = Object.values(request?.multiModalData ?? {}).reduce((n, list) => n + list.items.length, 0);
+  const encoderResult = request?.encoderResult;
+  const items = encoderResult?.["items"];
+  return {
+    encoder_result_present: encoderResult !== undefined,
+    media_items: mediaItems,
+    encoder_items: Array.isArray(items) ? items.length : 0,
+  };
+}
+
+function output(data: MessageInitShape<typeof LLMEngineOutputSchema>): GenerateResponse {
+  return create(GenerateResponseSchema, { output: { data } });
+}
+
+/**
+ * TokenWorkerService as a deterministic stand-in for an engine: one output
+ * per generated token (ids derived from the prompt and the position), then a
+ * final output with finish_reason length whose extra_args reports what media
+ * and encoder result reached it. A probe gets one final output (stop).
+ */
+export function createTokenWorkerService(config: TokenWorkerConfig): ServiceImpl<typeof TokenWorkerService> {
+  async function* generate(req: GenerateRequest, ctx: HandlerContext): AsyncGenerator<GenerateResponse> {
+    const request = req.request;
+    if (request?.isProbe) {
+      yield output({ outputType: OutputType.TEXT, finishReason: { kind: FinishReason_Kind.STOP }, index: 0 });
+      return;
+    }
+    const requested = request?.stopConditions?.maxTokens ?? config.defaultMaxTokens;
+    const count = Math.min(requested, config.maxTokens);
+    const seed = promptSeed(request?.tokenIds ?? []);
+    for (let position = 0; position < count; position++) {
+      ctx.signal.throwIfAborted();
+      yield output({ outputType: OutputType.TEXT, tokenIds: [demoToken(seed, position, config.vocabSize)], index: 0 });
+    }
+    ctx.signal.throwIfAborted();
+    yield output({
+      outputType: OutputType.TEXT,
+      finishReason: { kind: FinishReason_Kind.LENGTH },
+      index: 0,
+      extraArgs: fromJson(ValueSchema, mediaReport(request)),
+    });
+  }
+  return { generate };
+}
+
+/** The `tokenWorker` module: a deterministic TokenWorkerService, the demo downstream of the encode hop. */
+export const tokenWorkerModule = defineModule({
+  name: "tokenWorker",
+  description: "Demo token worker: deterministic tokens, and a report of the media and encoder result it received",
+  configSchema: tokenWorkerConfigSchema,
+  create(ctx) {
+    return { services: [bindService(TokenWorkerService, createTokenWorkerService(ctx.config))] };
+  },
+});
