@@ -25,3 +25,4 @@ export {
   tokenWorkerModule,
   type TokenWorkerConfig,
 } from "./token-worker.js";
+export { encodeHopConfigSchema, encodeHopModule, type EncodeHopConfig } from "./hop.js";

@@ -1,0 +1,239 @@
+import { create } from "@bufbuild/protobuf";
+import { Code, ConnectError, createClient, type Transport } from "@connectrpc/connect";
+import { Counter } from "prom-client";
+import type { Registry } from "prom-client";
+import { z } from "zod";
+import {
+  EncodeHopService,
+  EncodeWorkerService,
+  GetStatusResponseSchema,
+  Lifecycle,
+  MemberSchema,
+} from "../../gen/mmgate/encode/v1/encode_pb.js";
+import { PreprocessedRequestSchema } from "../../gen/mmgate/llm/v1/request_pb.js";
+import { TokenWorkerService } from "../../gen/mmgate/llm/v1/token_worker_pb.js";
+import { StaticResolver, staticDiscoverySchema, type Member } from "../discovery/index.js";
+import { shouldEncode } from "../llm/index.js";
+import { ChannelPool, channelConfigSchema, inProcessTransport, outboundContextValues, RoundRobinPicker } from "../rpc/index.js";
+import { bindService, ConfigError, defineModule, hostPort, requestIdOf, type ModuleContext } from "../server/index.js";
+import { EncoderRouter, type EncodeBinding, type EncodeTarget, type EncoderLifecycle, type FallbackCause } from "./router.js";
+
+/** "local": this process's own service, in memory; otherwise HOST:PORT. */
+const targetAddress = z.union([z.literal("local"), hostPort]);
+
+export const encodeHopConfigSchema = z.strictObject({
+  /** The token worker the hop forwards to: "local" (this process, e.g. under `mmgate serve`) or HOST:PORT. */
+  downstream: targetAddress.default("local"),
+  encoders: z
+    .strictObject({
+      /**
+       * Where the Encode workers are: "local" (this process's encodeWorker
+       * module), "static" (the `members` list), or "off" (pass everything
+       * through).
+       */
+      discovery: z.enum(["local", "static", "off"]).default("local"),
+      /** For "static": the Encode workers, `{id?, address, metadata?}` each. */
+      members: staticDiscoverySchema.default([]),
+    })
+    .prefault({})
+    .refine((e) => e.discovery !== "static" || e.members.length > 0, "encoders.members: static discovery needs at least one member"),
+  /** Longest an encode call may take before the request falls back (0: the caller's deadline only). */
+  encodeTimeoutMs: z.number().int().min(0).max(2 ** 31 - 1).default(30_000),
+  /** Outbound channel settings (TLS, keepalive, limits) for remote workers. */
+  channel: channelConfigSchema.prefault({}),
+});
+
+export type EncodeHopConfig = z.output<typeof encodeHopConfigSchema>;
+
+const LIFECYCLE: Record<EncoderLifecycle, Lifecycle> = {
+  pending: Lifecycle.PENDING,
+  active: Lifecycle.ACTIVE,
+  unavailable: Lifecycle.UNAVAILABLE,
+};
+
+/**
+ * Fails start-up when this process does not serve `service`: a probe call
+ * that answers UNIMPLEMENTED means the module behind it is not running here.
+ */
+async function requireLocal(transport: Transport, service: string, setting: string, module: string): Promise<void> {
+  const probe = create(PreprocessedRequestSchema, { isProbe: true });
+  try {
+    const stream =
+      service === TokenWorkerService.typeName
+        ? createClient(TokenWorkerService, transport).generate({ request: probe }, { timeoutMs: 5000 })
+        : createClient(EncodeWorkerService, transport).encode({ request: probe }, { timeoutMs: 5000 });
+    for await (const _ of stream) void _;
+  } catch (err) {
+    if (ConnectError.from(err).code === Code.Unimplemented) {
+      throw new ConfigError(`${setting} is "local" but this process does not serve ${service}: add "${module}" to modules, or point ${setting} elsewhere`);
+    }
+  }
+}
+
+/** A target over a membership: each pick reads the current members, so admission changes apply at once. */
+function membershipTarget(id: string, resolver: StaticResolver, transportOf: (member: Member) => Transport): EncodeTarget {
+  return {
+    id,
+    async bind(): Promise<EncodeBinding> {
+      let view = resolver.current();
+      let picker = new RoundRobinPicker(view.members);
+      let retired = false;
+      return {
+        pick() {
+          if (retired) return undefined;
+          const now = resolver.current();
+          if (now.generation !== view.generation) {
+            view = now;
+            picker = picker.rebuild(now.members);
+          }
+          const member = picker.pick();
+          return member && { id: member.id, transport: transportOf(member) };
+        },
+        close() {
+          retired = true;
+        },
+      };
+    },
+  };
+}
+
+function hopMetrics(registry: Registry) {
+  const counter = (name: string, help: string, labelNames: string[] = []) =>
+    (registry.getSingleMetric(name) as Counter | undefined) ?? new Counter({ name, help, labelNames, registers: [registry] });
+  return {
+    attempts: counter("encode_attempts_total", "Multimodal requests the hop sent to an Encode worker."),
+    fallbacks: counter("encode_fallbacks_total", "Requests forwarded without an encoder result after the encode failed, by cause.", ["cause"]),
+    perMember: counter("encode_member_requests_total", "Encode calls that succeeded, by Encode worker.", ["member"]),
+    passthrough: counter("encode_passthrough_total", "Requests forwarded unchanged (text only, probes, already encoded, or the hop not active)."),
+  };
+}
+
+function createHop(ctx: ModuleContext<EncodeHopConfig>) {
+  const config = ctx.config;
+  const metrics = hopMetrics(ctx.metrics);
+  const counts = { passthrough: 0n, encoded: 0n, fallbacks: new Map<string, bigint>(), members: new Map<string, { requests: bigint; failures: bigint }>() };
+  const memberCount = (id: string) => {
+    let c = counts.members.get(id);
+    if (!c) counts.members.set(id, (c = { requests: 0n, failures: 0n }));
+    return c;
+  };
+  const local = inProcessTransport({ routes: ctx.localRoutes.routes, interceptors: ctx.localRoutes.interceptors, registry: ctx.metrics });
+  const pool = new ChannelPool(config.channel, { registry: ctx.metrics });
+  const transportOf = (address: string): Transport => (address === "local" ? local : pool.get(address));
+
+  const router = new EncoderRouter({
+    logger: ctx.logger,
+    onLifecycle: (state) => ctx.health.setReady(state === "active" || config.encoders.discovery === "off", `encode target ${state}`),
+    onFallback: (cause: FallbackCause, member) => {
+      metrics.fallbacks.inc({ cause });
+      counts.fallbacks.set(cause, (counts.fallbacks.get(cause) ?? 0n) + 1n);
+      if (member !== undefined) {
+        memberCount(member).requests += 1n;
+        memberCount(member).failures += 1n;
+      }
+    },
+    onEncoded: (member) => {
+      metrics.perMember.inc({ member });
+      counts.encoded += 1n;
+      memberCount(member).requests += 1n;
+    },
+  });
+  const resolver =
+    config.encoders.discovery === "static"
+      ? new StaticResolver(config.encoders.members)
+      : new StaticResolver([{ id: "local", address: "127.0.0.1:1", metadata: { transport: "in-process" } }]);
+  const target =
+    config.encoders.discovery === "off"
+      ? undefined
+      : membershipTarget(
+          config.encoders.discovery === "static" ? "static" : "local",
+          resolver,
+          (member) => (config.encoders.discovery === "local" ? local : transportOf(member.address)),
+        );
+  ctx.health.setReady(config.encoders.discovery === "off", "encode target pending");
+  const downstream = createClient(TokenWorkerService, transportOf(config.downstream));
+
+  const service = bindService(EncodeHopService, {
+    async *generate(req, handler) {
+      const request = req.request ?? create(PreprocessedRequestSchema);
+      const requestId = requestIdOf(handler);
+      if (router.state !== "active" || !shouldEncode(request)) {
+        metrics.passthrough.inc();
+        counts.passthrough += 1n;
+      } else {
+        metrics.attempts.inc();
+      }
+      const remaining = handler.timeoutMs();
+      const encodeTimeout = config.encodeTimeoutMs > 0 ? config.encodeTimeoutMs : undefined;
+      const timeoutMs = remaining === undefined ? encodeTimeout : Math.min(remaining, encodeTimeout ?? remaining);
+      const prepared = await router.prepare(request, { requestId, signal: handler.signal, ...(timeoutMs !== undefined ? { timeoutMs } : {}) });
+      const call = { headers: { "x-request-id": requestId }, contextValues: outboundContextValues(handler) };
+      if (prepared !== request && handler.signal.aborted) {
+        // The Encode worker handed out a transfer handle: the receiver must
+        // get it even though the caller has gone, to complete the transfer
+        // and release the buffers. Its output goes nowhere.
+        void (async () => {
+          for await (const _ of downstream.generate({ request: prepared }, call)) void _;
+        })().catch((err: unknown) => ctx.logger.warn({ err, requestId }, "downstream call for a departed caller failed"));
+        return;
+      }
+      for await (const res of downstream.generate({ request: prepared }, { ...call, signal: handler.signal })) {
+        yield { ...(res.output ? { output: res.output } : {}) };
+      }
+    },
+    getStatus() {
+      const view = resolver.current();
+      return create(GetStatusResponseSchema, {
+        lifecycle: LIFECYCLE[router.state],
+        targetId: router.targetId ?? "",
+        generation: config.encoders.discovery === "static" ? view.generation : 0n,
+        members:
+          config.encoders.discovery === "off"
+            ? []
+            : view.members.map((m) =>
+                create(MemberSchema, {
+                  id: m.id,
+                  address: config.encoders.discovery === "local" ? "local" : m.address,
+                  requests: counts.members.get(m.id)?.requests ?? 0n,
+                  failures: counts.members.get(m.id)?.failures ?? 0n,
+                }),
+              ),
+        fallbacks: Object.fromEntries(counts.fallbacks),
+        passthrough: counts.passthrough,
+        encoded: counts.encoded,
+      });
+    },
+  });
+
+  return {
+    services: [service],
+    exports: router,
+    async start() {
+      // "local" means this process serves the other end: say so at start-up
+      // when it does not, rather than fail every request.
+      if (config.downstream === "local") await requireLocal(local, TokenWorkerService.typeName, "encodeHop.downstream", "tokenWorker");
+      if (config.encoders.discovery === "local") {
+        await requireLocal(local, EncodeWorkerService.typeName, "encodeHop.encoders.discovery", "encodeWorker");
+      }
+      ctx.tasks.run("encode-binding", (signal) => router.run(signal));
+      router.setTarget(target);
+    },
+    async close() {
+      router.close();
+      pool.abort();
+    },
+  };
+}
+
+/**
+ * The `encodeHop` module: EncodeHopService in front of a token worker.
+ * Multimodal requests are encoded by an Encode worker (this process's, or
+ * a static pool) and forwarded with the encoder result; everything else,
+ * and everything the hop cannot encode, is forwarded unchanged.
+ */
+export const encodeHopModule = defineModule({
+  name: "encodeHop",
+  description: "The multimodal Encode hop in front of a token worker",
+  configSchema: encodeHopConfigSchema,
+  create: (ctx) => createHop(ctx),
+});

@@ -1,0 +1,117 @@
+import { expect } from "chai";
+import { createClient } from "@connectrpc/connect";
+import { EncodeHopService, Lifecycle } from "../../gen/mmgate/encode/v1/encode_pb.js";
+import { Health, HealthCheckResponse_ServingStatus as S } from "../../gen/grpc/health/v1/health_pb.js";
+import { encodeHopModule, encodeWorkerModule, tokenWorkerModule } from "../../src/encode/index.js";
+import { mediaModule } from "../../src/media/index.js";
+import { eventually, grpcServerStream, startServer, type InProcessServer } from "../support/index.js";
+import { encodeRaw, pattern } from "../media/fixtures.js";
+
+interface Report {
+  encoder_result_present: boolean;
+  media_items: number;
+  encoder_items: number;
+}
+
+/** The token worker's final report, from the last output's extra_args. */
+function reportOf(outputs: { output?: { data?: { extraArgs?: unknown } } }[]): Report {
+  const extra = outputs.at(-1)?.output?.data?.extraArgs as { kind?: { case?: string; value?: unknown } } | undefined;
+  const value = extra?.kind?.value as { fields?: Record<string, { kind: { value: unknown } }> } | undefined;
+  if (!value?.fields) throw new Error("no report in the last output");
+  return Object.fromEntries(Object.entries(value.fields).map(([k, v]) => [k, v.kind.value])) as unknown as Report;
+}
+
+describe("encode: the hop in one process (encode worker and token worker in memory)", () => {
+  let server: InProcessServer;
+  let png: Buffer;
+  const dataUrl = (bytes: Buffer) => `data:image/png;base64,${bytes.toString("base64")}`;
+  const multimodal = (url: string) => ({ tokenIds: [1, 2, 3], multiModalData: { image: { items: [{ data: { case: "url" as const, value: url } }] } } });
+
+  before(async () => {
+    png = await encodeRaw(pattern(16 * 16 * 3), 16, 16, 3, "png");
+    server = await startServer({ modules: [mediaModule, encodeWorkerModule, tokenWorkerModule, encodeHopModule] });
+    await eventually(async () => expect((await createClient(EncodeHopService, server.transport).getStatus({})).lifecycle).to.equal(Lifecycle.ACTIVE));
+  });
+  after(() => server.close());
+
+  async function generate(request: object) {
+    const out = [];
+    for await (const res of createClient(EncodeHopService, server.transport).generate({ request })) out.push(res);
+    return out;
+  }
+
+  it("is ready once its Encode target is bound", async () => {
+    expect((await createClient(Health, server.transport).check({ service: "" })).status).to.equal(S.SERVING);
+  });
+
+  it("a multimodal request reaches the token worker with an encoder_result", async () => {
+    const report = reportOf(await generate(multimodal(dataUrl(png))));
+    expect(report).to.deep.equal({ encoder_result_present: true, media_items: 1, encoder_items: 1 });
+  });
+
+  it("a text-only request passes through unchanged", async () => {
+    const report = reportOf(await generate({ tokenIds: [5, 6] }));
+    expect(report).to.deep.equal({ encoder_result_present: false, media_items: 0, encoder_items: 0 });
+  });
+
+  it("bad media falls back: the request still succeeds, without an encoder_result, media kept", async () => {
+    const before = (await createClient(EncodeHopService, server.transport).getStatus({})).fallbacks["encode_error"] ?? 0n;
+    const report = reportOf(await generate(multimodal("http://127.0.0.1:1/blocked.png")));
+    expect(report).to.deep.equal({ encoder_result_present: false, media_items: 1, encoder_items: 0 });
+    const status = await createClient(EncodeHopService, server.transport).getStatus({});
+    expect(status.fallbacks["encode_error"]).to.equal(before + 1n);
+  });
+
+  it("GetStatus reports the lifecycle, the member and the counters", async () => {
+    const status = await createClient(EncodeHopService, server.transport).getStatus({});
+    expect(status.lifecycle).to.equal(Lifecycle.ACTIVE);
+    expect(status.targetId).to.equal("local");
+    expect(status.members.map((m) => m.id)).to.deep.equal(["local"]);
+    expect(status.encoded >= 1n).to.equal(true);
+    expect(status.passthrough >= 1n).to.equal(true);
+  });
+
+  it("serves @grpc/grpc-js clients", async () => {
+    const client = server.grpcClient("mmgate/encode/v1/encode.proto", "mmgate.encode.v1.EncodeHopService");
+    const outputs = await grpcServerStream<{ output?: { data?: { finishReason?: { kind: string } } } }>(
+      client,
+      "Generate",
+      { request: { tokenIds: [1], multiModalData: { image: { items: [{ url: dataUrl(png) }] } } } },
+      { deadline: new Date(Date.now() + 15_000) },
+    );
+    expect(outputs.length).to.be.greaterThan(1);
+    expect(outputs.at(-1)?.output?.data?.finishReason?.kind).to.equal("KIND_LENGTH");
+  });
+});
+
+describe("encode: the hop's start-up checks", () => {
+  it("refuses to start with a local downstream that this process does not serve", async () => {
+    const error = await startServer({ modules: [mediaModule, encodeWorkerModule, encodeHopModule] }).catch((e: unknown) => e);
+    expect((error as Error).message).to.equal(
+      'encodeHop.downstream is "local" but this process does not serve mmgate.llm.v1.TokenWorkerService: add "tokenWorker" to modules, or point encodeHop.downstream elsewhere',
+    );
+  });
+
+  it("refuses static discovery without members, naming the field", async () => {
+    const error = await startServer({ modules: [tokenWorkerModule, encodeHopModule], config: { encodeHop: { encoders: { discovery: "static" } } } }).catch(
+      (e: unknown) => e,
+    );
+    expect((error as Error).message).to.contain("encoders.members: static discovery needs at least one member");
+  });
+
+  it("passes everything through with discovery off, and is ready at once", async () => {
+    const server = await startServer({ modules: [tokenWorkerModule, encodeHopModule], config: { encodeHop: { encoders: { discovery: "off" } } } });
+    try {
+      expect((await createClient(Health, server.transport).check({ service: "" })).status).to.equal(S.SERVING);
+      const outputs = [];
+      for await (const res of createClient(EncodeHopService, server.transport).generate({
+        request: { tokenIds: [1], multiModalData: { image: { items: [{ data: { case: "url", value: "data:image/png;base64,AA==" } }] } } },
+      }))
+        outputs.push(res);
+      expect(reportOf(outputs)).to.deep.equal({ encoder_result_present: false, media_items: 1, encoder_items: 0 });
+      expect((await createClient(EncodeHopService, server.transport).getStatus({})).lifecycle).to.equal(Lifecycle.UNAVAILABLE);
+    } finally {
+      await server.close();
+    }
+  });
+});
