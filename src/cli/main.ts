@@ -37,6 +37,12 @@ export const subcommands: readonly LazySubcommand[] = [
     load: async () => (await import("../media/index.js")).mediaCommand(),
   },
   {
+    name: "hop",
+    description: "call the multimodal Encode hop (mmgate.encode.v1.EncodeHopService)",
+    term: "hop",
+    load: async () => (await import("../encode/index.js")).hopCommand(),
+  },
+  {
     name: "images",
     description: "generate images through mmgate.images.v1.ImageService",
     term: "images",

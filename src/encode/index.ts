@@ -26,3 +26,4 @@ export {
   type TokenWorkerConfig,
 } from "./token-worker.js";
 export { encodeHopConfigSchema, encodeHopModule, type EncodeHopConfig } from "./hop.js";
+export { hopCommand, type HopCliIo } from "./cli.js";
