@@ -1,6 +1,6 @@
 import { create } from "@bufbuild/protobuf";
 import { Code, ConnectError, createClient, type Transport } from "@connectrpc/connect";
-import { Counter } from "prom-client";
+import { Counter, Gauge, Histogram } from "prom-client";
 import type { Registry } from "prom-client";
 import { z } from "zod";
 import {
@@ -97,10 +97,30 @@ function membershipTarget(id: string, resolver: StaticResolver, transportOf: (me
   };
 }
 
-function hopMetrics(registry: Registry) {
+function hopMetrics(registry: Registry, lifecycle: () => EncoderLifecycle) {
   const counter = (name: string, help: string, labelNames: string[] = []) =>
     (registry.getSingleMetric(name) as Counter | undefined) ?? new Counter({ name, help, labelNames, registers: [registry] });
+  if (!registry.getSingleMetric("encode_hop_lifecycle")) {
+    new Gauge({
+      name: "encode_hop_lifecycle",
+      help: "The hop's lifecycle: 1 for the current state, 0 for the others.",
+      labelNames: ["state"],
+      registers: [registry],
+      collect() {
+        for (const state of ["pending", "active", "unavailable"] as const) this.set({ state }, lifecycle() === state ? 1 : 0);
+      },
+    });
+  }
   return {
+    duration:
+      (registry.getSingleMetric("encode_duration_seconds") as Histogram | undefined) ??
+      new Histogram({
+        name: "encode_duration_seconds",
+        help: "Time spent in the Encode hop before forwarding (encode call and stream), by outcome.",
+        labelNames: ["outcome"],
+        buckets: [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30],
+        registers: [registry],
+      }),
     attempts: counter("encode_attempts_total", "Multimodal requests the hop sent to an Encode worker."),
     fallbacks: counter("encode_fallbacks_total", "Requests forwarded without an encoder result after the encode failed, by cause.", ["cause"]),
     perMember: counter("encode_member_requests_total", "Encode calls that succeeded, by Encode worker.", ["member"]),
@@ -110,7 +130,9 @@ function hopMetrics(registry: Registry) {
 
 function createHop(ctx: ModuleContext<EncodeHopConfig>) {
   const config = ctx.config;
-  const metrics = hopMetrics(ctx.metrics);
+  // The lifecycle gauge reads the router at scrape time; it exists by then.
+  const holder: { router?: EncoderRouter } = {};
+  const metrics = hopMetrics(ctx.metrics, () => holder.router?.state ?? "unavailable");
   const counts = { passthrough: 0n, encoded: 0n, fallbacks: new Map<string, bigint>(), members: new Map<string, { requests: bigint; failures: bigint }>() };
   const memberCount = (id: string) => {
     let c = counts.members.get(id);
@@ -138,6 +160,7 @@ function createHop(ctx: ModuleContext<EncodeHopConfig>) {
       memberCount(member).requests += 1n;
     },
   });
+  holder.router = router;
   const resolver =
     config.encoders.discovery === "static"
       ? new StaticResolver(config.encoders.members)
@@ -157,7 +180,7 @@ function createHop(ctx: ModuleContext<EncodeHopConfig>) {
     async *generate(req, handler) {
       const request = req.request ?? create(PreprocessedRequestSchema);
       const requestId = requestIdOf(handler);
-      if (router.state !== "active" || !shouldEncode(request)) {
+      if (!(router.state === "active" && shouldEncode(request))) {
         metrics.passthrough.inc();
         counts.passthrough += 1n;
       } else {
@@ -166,7 +189,10 @@ function createHop(ctx: ModuleContext<EncodeHopConfig>) {
       const remaining = handler.timeoutMs();
       const encodeTimeout = config.encodeTimeoutMs > 0 ? config.encodeTimeoutMs : undefined;
       const timeoutMs = remaining === undefined ? encodeTimeout : Math.min(remaining, encodeTimeout ?? remaining);
+      const attempted = router.state === "active" && shouldEncode(request);
+      const started = performance.now();
       const prepared = await router.prepare(request, { requestId, signal: handler.signal, ...(timeoutMs !== undefined ? { timeoutMs } : {}) });
+      if (attempted) metrics.duration.observe({ outcome: prepared === request ? "fallback" : "encoded" }, (performance.now() - started) / 1000);
       const call = { headers: { "x-request-id": requestId }, contextValues: outboundContextValues(handler) };
       if (prepared !== request && handler.signal.aborted) {
         // The Encode worker handed out a transfer handle: the receiver must

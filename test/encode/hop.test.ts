@@ -115,3 +115,30 @@ describe("encode: the hop's start-up checks", () => {
     }
   });
 });
+
+describe("encode: the hop's metrics", () => {
+  it("counts attempts, fallbacks by cause, passthrough, and the encode duration; the lifecycle gauge says active", async () => {
+    const server = await startServer({ modules: [mediaModule, encodeWorkerModule, tokenWorkerModule, encodeHopModule] });
+    try {
+      const hop = createClient(EncodeHopService, server.transport);
+      await eventually(async () => expect((await hop.getStatus({})).lifecycle).to.equal(Lifecycle.ACTIVE));
+      const png = await encodeRaw(pattern(4 * 4 * 3), 4, 4, 3, "png");
+      const send = async (request: object) => {
+        for await (const _ of hop.generate({ request })) void _;
+      };
+      await send({ tokenIds: [1], multiModalData: { image: { items: [{ data: { case: "url", value: `data:image/png;base64,${png.toString("base64")}` } }] } } });
+      await send({ tokenIds: [1], multiModalData: { image: { items: [{ data: { case: "url", value: "http://127.0.0.1:1/x" } }] } } });
+      await send({ tokenIds: [1] });
+      const text = await server.host.metrics.registry.metrics();
+      expect(text).to.match(/^encode_attempts_total 2$/m);
+      expect(text).to.match(/^encode_fallbacks_total\{cause="encode_error"\} 1$/m);
+      expect(text).to.match(/^encode_passthrough_total 1$/m);
+      expect(text).to.match(/^encode_duration_seconds_count\{outcome="encoded"\} 1$/m);
+      expect(text).to.match(/^encode_duration_seconds_count\{outcome="fallback"\} 1$/m);
+      expect(text).to.match(/^encode_hop_lifecycle\{state="active"\} 1$/m);
+      expect(text).to.match(/^encode_member_requests_total\{member="local"\} 1$/m);
+    } finally {
+      await server.close();
+    }
+  });
+});
