@@ -1,3 +1,5 @@
+import * as http2 from "node:http2";
+import type { AddressInfo } from "node:net";
 import { expect } from "chai";
 import { createClient } from "@connectrpc/connect";
 import { EncodeHopService, Lifecycle } from "../../gen/mmgate/encode/v1/encode_pb.js";
@@ -139,6 +141,41 @@ describe("encode: the hop's metrics", () => {
       expect(text).to.match(/^encode_member_requests_total\{member="local"\} 1$/m);
     } finally {
       await server.close();
+    }
+  });
+});
+
+describe("encode: an Encode worker that dies mid-stream", () => {
+  it("the request still succeeds, by fallback, and the failure is counted against the member", async () => {
+    // A worker that answers the Encode call with headers and half a message, then drops the connection.
+    const dying = http2.createServer();
+    dying.on("stream", (stream) => {
+      stream.respond({ ":status": 200, "content-type": "application/grpc" });
+      stream.write(Buffer.from([0, 0, 0, 0, 100, 1, 2, 3]));
+      setImmediate(() => stream.session?.destroy());
+    });
+    await new Promise<void>((resolve) => dying.listen(0, "127.0.0.1", resolve));
+    const address = `127.0.0.1:${(dying.address() as AddressInfo).port}`;
+    const server = await startServer({
+      modules: [tokenWorkerModule, encodeHopModule],
+      config: { encodeHop: { encoders: { discovery: "static", members: [{ id: "dying", address }] } } },
+    });
+    try {
+      const hop = createClient(EncodeHopService, server.transport);
+      await eventually(async () => expect((await hop.getStatus({})).lifecycle).to.equal(Lifecycle.ACTIVE));
+      const outputs = [];
+      for await (const res of hop.generate({
+        request: { tokenIds: [1], multiModalData: { image: { items: [{ data: { case: "url", value: "https://example.test/a.png" } }] } } },
+      }))
+        outputs.push(res);
+      expect(reportOf(outputs)).to.deep.equal({ encoder_result_present: false, media_items: 1, encoder_items: 0 });
+      const status = await hop.getStatus({});
+      expect(status.fallbacks["transport"]).to.equal(1n);
+      expect(status.members.map((m) => [m.id, m.address, m.requests, m.failures])).to.deep.equal([["dying", address, 1n, 1n]]);
+      expect(status.targetId).to.equal("static");
+    } finally {
+      await server.close();
+      dying.close();
     }
   });
 });
