@@ -12,7 +12,7 @@ import {
 } from "../../gen/mmgate/encode/v1/encode_pb.js";
 import { PreprocessedRequestSchema } from "../../gen/mmgate/llm/v1/request_pb.js";
 import { TokenWorkerService } from "../../gen/mmgate/llm/v1/token_worker_pb.js";
-import { StaticResolver, staticDiscoverySchema, type Member } from "../discovery/index.js";
+import { EtcdResolver, etcdDiscoverySchema, etcdPoolPrefix, StaticResolver, staticDiscoverySchema, type Member, type Resolver } from "../discovery/index.js";
 import { shouldEncode } from "../llm/index.js";
 import { ChannelPool, channelConfigSchema, inProcessTransport, outboundContextValues, RoundRobinPicker } from "../rpc/index.js";
 import { bindService, ConfigError, defineModule, hostPort, requestIdOf, type ModuleContext } from "../server/index.js";
@@ -28,15 +28,19 @@ export const encodeHopConfigSchema = z.strictObject({
     .strictObject({
       /**
        * Where the Encode workers are: "local" (this process's encodeWorker
-       * module), "static" (the `members` list), or "off" (pass everything
+       * module), "static" (the `members` list), "etcd" (workers registered
+       * under the `etcd` pool, watched live), or "off" (pass everything
        * through).
        */
-      discovery: z.enum(["local", "static", "off"]).default("local"),
+      discovery: z.enum(["local", "static", "etcd", "off"]).default("local"),
       /** For "static": the Encode workers, `{id?, address, metadata?}` each. */
       members: staticDiscoverySchema.default([]),
+      /** For "etcd": where the Encode workers register (endpoints, namespace, component, endpoint). */
+      etcd: etcdDiscoverySchema.optional(),
     })
     .prefault({})
-    .refine((e) => e.discovery !== "static" || e.members.length > 0, "encoders.members: static discovery needs at least one member"),
+    .refine((e) => e.discovery !== "static" || e.members.length > 0, "encoders.members: static discovery needs at least one member")
+    .refine((e) => e.discovery !== "etcd" || e.etcd !== undefined, "encoders.etcd: etcd discovery needs its endpoints, component and endpoint"),
   /** Longest an encode call may take before the request falls back (0: the caller's deadline only). */
   encodeTimeoutMs: z.number().int().min(0).max(2 ** 31 - 1).default(30_000),
   /** Outbound channel settings (TLS, keepalive, limits) for remote workers. */
@@ -71,7 +75,7 @@ async function requireLocal(transport: Transport, service: string, setting: stri
 }
 
 /** A target over a membership: each pick reads the current members, so admission changes apply at once. */
-function membershipTarget(id: string, resolver: StaticResolver, transportOf: (member: Member) => Transport): EncodeTarget {
+function membershipTarget(id: string, resolver: Resolver, transportOf: (member: Member) => Transport): EncodeTarget {
   return {
     id,
     async bind(): Promise<EncodeBinding> {
@@ -161,18 +165,32 @@ function createHop(ctx: ModuleContext<EncodeHopConfig>) {
     },
   });
   holder.router = router;
-  const resolver =
+  // The membership the hop routes over; for etcd it exists once the
+  // discovery task has connected.
+  let resolver: Resolver | undefined =
     config.encoders.discovery === "static"
       ? new StaticResolver(config.encoders.members)
-      : new StaticResolver([{ id: "local", address: "127.0.0.1:1", metadata: { transport: "in-process" } }]);
+      : config.encoders.discovery === "local"
+        ? new StaticResolver([{ id: "local", address: "127.0.0.1:1", metadata: { transport: "in-process" } }])
+        : undefined;
   const target =
-    config.encoders.discovery === "off"
+    resolver === undefined
       ? undefined
-      : membershipTarget(
-          config.encoders.discovery === "static" ? "static" : "local",
-          resolver,
-          (member) => (config.encoders.discovery === "local" ? local : transportOf(member.address)),
+      : membershipTarget(config.encoders.discovery, resolver, (member) =>
+          config.encoders.discovery === "local" ? local : transportOf(member.address),
         );
+  /** Connects to etcd, routes over its membership until the signal fires, then lets go. */
+  const etcdDiscovery = async (signal: AbortSignal): Promise<void> => {
+    const pool = config.encoders.etcd!;
+    const watched = await EtcdResolver.create({ ...pool, logger: ctx.logger, registry: ctx.metrics });
+    resolver = watched;
+    router.setTarget(membershipTarget(`etcd:${etcdPoolPrefix(pool)}`, watched, (member) => transportOf(member.address)));
+    try {
+      await new Promise<void>((resolve) => signal.addEventListener("abort", () => resolve(), { once: true }));
+    } finally {
+      await watched.close();
+    }
+  };
   ctx.health.setReady(config.encoders.discovery === "off", "encode target pending");
   const downstream = createClient(TokenWorkerService, transportOf(config.downstream));
 
@@ -208,11 +226,11 @@ function createHop(ctx: ModuleContext<EncodeHopConfig>) {
       }
     },
     getStatus() {
-      const view = resolver.current();
+      const view = resolver?.current() ?? { generation: 0n, members: [] };
       return create(GetStatusResponseSchema, {
         lifecycle: LIFECYCLE[router.state],
         targetId: router.targetId ?? "",
-        generation: config.encoders.discovery === "static" ? view.generation : 0n,
+        generation: config.encoders.discovery === "local" ? 0n : view.generation,
         members:
           config.encoders.discovery === "off"
             ? []
@@ -242,7 +260,8 @@ function createHop(ctx: ModuleContext<EncodeHopConfig>) {
         await requireLocal(local, EncodeWorkerService.typeName, "encodeHop.encoders.discovery", "encodeWorker");
       }
       ctx.tasks.run("encode-binding", (signal) => router.run(signal));
-      router.setTarget(target);
+      if (config.encoders.discovery === "etcd") ctx.tasks.run("etcd-discovery", etcdDiscovery);
+      else router.setTarget(target);
     },
     async close() {
       router.close();
