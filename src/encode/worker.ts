@@ -1,3 +1,4 @@
+import { hostname } from "node:os";
 import { randomBytes } from "node:crypto";
 import { create, type JsonObject, type JsonValue, type MessageInitShape } from "@bufbuild/protobuf";
 import type { HandlerContext, ServiceImpl } from "@connectrpc/connect";
@@ -10,6 +11,7 @@ import { FinishReason_Kind, OutputType, type AnnotatedOutputSchema } from "../..
 import { descriptorToJsonValue, encodeTerminal, stringifyJson } from "../llm/index.js";
 import { mediaModule, type MediaPipeline } from "../media/index.js";
 import { bindService, defineModule } from "../server/index.js";
+import { EtcdRegistration, etcdDiscoverySchema } from "../discovery/index.js";
 import { Semaphore } from "../util/index.js";
 
 /** The `encodeWorker` config section; every key defaulted, so `{}` parses. */
@@ -18,6 +20,20 @@ export const encodeWorkerConfigSchema = z.strictObject({
   maxItemsPerRequest: z.number().int().min(1).max(4096).default(64),
   /** Encode calls worked on at once; more wait (until their deadline or cancellation). */
   maxConcurrentRequests: z.number().int().min(1).max(1024).default(16),
+  /**
+   * Registers this worker in etcd (under `/mmgate/<namespace>/<component>/<endpoint>/<instanceId>`,
+   * with a lease) so that hops watching the pool route to it; revoked first
+   * on drain, so traffic moves before the worker stops. Off when absent.
+   */
+  register: etcdDiscoverySchema
+    .extend({
+      /** Unique in the pool; the host name and process id by default. */
+      instanceId: z
+        .string()
+        .regex(/^[A-Za-z0-9._-]{1,128}$/, "letters, digits, '.', '_' and '-' only")
+        .default(`${hostname().replace(/[^A-Za-z0-9._-]/g, "-").slice(0, 100)}-${process.pid}`),
+    })
+    .optional(),
 });
 
 export type EncodeWorkerConfig = z.output<typeof encodeWorkerConfigSchema>;
@@ -177,8 +193,28 @@ export const encodeWorkerModule = defineModule({
   configSchema: encodeWorkerConfigSchema,
   requires: { media: mediaModule },
   create(ctx) {
+    const register = ctx.config.register;
+    let registration: EtcdRegistration | undefined;
     return {
       services: [bindService(EncodeWorkerService, createEncodeWorkerService({ config: ctx.config, media: ctx.deps.media, logger: ctx.logger }))],
+      async start() {
+        if (register === undefined) return;
+        // Registered once the routes are live, under the address other processes reach this one at.
+        const created = await EtcdRegistration.create({
+          ...register,
+          address: ctx.advertisedAddress,
+          logger: ctx.logger,
+        });
+        registration = created;
+        ctx.tasks.run("etcd-registration", (signal) => created.run(signal));
+      },
+      async drain() {
+        // Hops stop picking this worker at once; calls in flight still finish.
+        await registration?.revoke().catch((err: unknown) => ctx.logger.warn({ err }, "etcd revoke failed; the key expires with its lease"));
+      },
+      async close() {
+        await registration?.close().catch(() => undefined);
+      },
     };
   },
 });

@@ -69,4 +69,23 @@ describe("encode: the hop over etcd discovery", function () {
       await registration.close();
     }
   });
+
+  it("a worker configured to register does so once serving, and revokes on drain so the hop stops picking it", async () => {
+    const hop = createClient(EncodeHopService, hopServer.transport);
+    const registering = await startServer({
+      modules: [mediaModule, encodeWorkerModule],
+      config: { encodeWorker: { register: { endpoints: [etcd.endpoint], ...pool, instanceId: "w2" } } },
+    });
+    let closed = false;
+    try {
+      await eventually(async () => expect((await hop.getStatus({})).members.map((m) => [m.id, m.address])).to.deep.equal([["w2", registering.addr]]));
+      expect(await report(multimodal())).to.deep.equal({ present: true, items: 1 });
+      await registering.close();
+      closed = true;
+      // Revoked in the drain, not left to expire with the lease.
+      await eventually(async () => expect((await hop.getStatus({})).members).to.deep.equal([]), { timeoutMs: 3000 });
+    } finally {
+      if (!closed) await registering.close();
+    }
+  });
 });
