@@ -24,6 +24,24 @@ export const subcommands: readonly LazySubcommand[] = [
     load: async () => (await import("./serve.js")).serveCommand(),
   },
   {
+    name: "encode-worker",
+    description: "serve an Encode worker (modules media and encodeWorker)",
+    term: "encode-worker [options]",
+    load: async () => {
+      const { serveCommand, serveRoles } = await import("./serve.js");
+      return serveCommand(serveRoles.find((r) => r.name === "encode-worker"));
+    },
+  },
+  {
+    name: "token-worker",
+    description: "serve the demo token worker (module tokenWorker)",
+    term: "token-worker [options]",
+    load: async () => {
+      const { serveCommand, serveRoles } = await import("./serve.js");
+      return serveCommand(serveRoles.find((r) => r.name === "token-worker"));
+    },
+  },
+  {
     name: "health",
     description: "check grpc.health.v1 on a server; exits 0 when SERVING",
     term: "health [options]",

@@ -21,19 +21,38 @@ function collectSet(value: string, previous: Record<string, unknown>): Record<st
   return { ...previous, [value.slice(0, eq)]: parseScalar(value.slice(eq + 1)) };
 }
 
-export function serveCommand(): Command {
-  return new Command("serve")
-    .description("serve the services of every configured module on one listener (embedded defaults without a config file)")
+/** A role that serves a fixed set of modules, e.g. `mmgate encode-worker`. */
+export interface ServeRole {
+  readonly name: string;
+  readonly description: string;
+  readonly modules: readonly string[];
+}
+
+/** The roles a deployment spreads over machines; `serve` runs every module at once. */
+export const serveRoles: readonly ServeRole[] = [
+  { name: "encode-worker", description: "serve an Encode worker (modules media and encodeWorker)", modules: ["media", "encodeWorker"] },
+  { name: "token-worker", description: "serve the demo token worker (module tokenWorker)", modules: ["tokenWorker"] },
+];
+
+export function serveCommand(role?: ServeRole): Command {
+  const command = new Command(role?.name ?? "serve")
+    .description(role?.description ?? "serve the services of every configured module on one listener (embedded defaults without a config file)")
     .addOption(new Option("-c, --config <file>", "JSON or YAML config file").env("MMGATE_CONFIG"))
     .option("--listen <host:port>", "gRPC listener (default 127.0.0.1:50051)")
     .option("--admin-listen <host:port>", 'admin HTTP listener for /metrics, /healthz, /readyz ("" turns it off; default 127.0.0.1:9464)')
-    .option("--modules <names>", `comma-separated modules to run (known: ${builtinModules.map((m) => m.name).join(", ") || "none"})`)
+    .addOption(
+      new Option("--modules <names>", `comma-separated modules to run (known: ${builtinModules.map((m) => m.name).join(", ") || "none"})`).hideHelp(
+        role !== undefined,
+      ),
+    )
     .addOption(new Option("--services <names>", "old name of --modules").hideHelp())
     .option("--log-level <level>", "fatal, error, warn, info, debug, trace or silent")
     .option("--set <key=value>", "set any config key, e.g. --set shutdown.graceMs=2000 (repeatable)", collectSet, {})
     .option("--print-config", "print the effective config (secrets redacted) and exit")
     .action(async (opts: ServeOptions) => {
       const overrides: Record<string, unknown> = { ...opts.set };
+      // A role's modules are the role: they beat the file, the environment and --modules.
+      if (role) opts.modules = role.modules.join(",");
       if (opts.listen !== undefined) overrides.listen = opts.listen;
       if (opts.adminListen !== undefined) overrides.adminListen = opts.adminListen;
       if (opts.modules !== undefined) overrides.modules = opts.modules;
@@ -96,4 +115,5 @@ export function serveCommand(): Command {
       logger.flush();
       process.exit(exitCode);
     });
+  return command;
 }

@@ -4,7 +4,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { encodeHopModule, encodeWorkerModule, hopCommand, tokenWorkerModule } from "../../src/encode/index.js";
 import { mediaModule } from "../../src/media/index.js";
-import { startServer, type InProcessServer } from "../support/index.js";
+import { runMmgate, startServer, type InProcessServer } from "../support/index.js";
 import { encodeRaw, pattern } from "../media/fixtures.js";
 
 class Text {
@@ -93,4 +93,17 @@ describe("encode: mmgate hop", function () {
     expect(status.target_id).to.equal("local");
     expect(status.members.map((m) => m.id)).to.deep.equal(["local"]);
   });
+});
+
+describe("encode: the worker roles of the executable", () => {
+  for (const [role, modules] of [
+    ["encode-worker", ["media", "encodeWorker"]],
+    ["token-worker", ["tokenWorker"]],
+  ] as const) {
+    it(`mmgate ${role} serves exactly ${modules.join(" and ")}, whatever --modules says`, async () => {
+      const result = await runMmgate([role, "--print-config", "--modules", "images"]);
+      expect(result.code).to.equal(0);
+      expect((JSON.parse(result.stdout) as { modules: string[] }).modules).to.deep.equal([...modules]);
+    });
+  }
 });
