@@ -10,12 +10,14 @@ import {
   Lifecycle,
   MemberSchema,
 } from "../../gen/mmgate/encode/v1/encode_pb.js";
+import { Health, HealthCheckResponse_ServingStatus as ServingStatus } from "../../gen/grpc/health/v1/health_pb.js";
 import { PreprocessedRequestSchema } from "../../gen/mmgate/llm/v1/request_pb.js";
 import { TokenWorkerService } from "../../gen/mmgate/llm/v1/token_worker_pb.js";
 import { EtcdResolver, etcdDiscoverySchema, etcdPoolPrefix, StaticResolver, staticDiscoverySchema, type Member, type Resolver } from "../discovery/index.js";
 import { shouldEncode } from "../llm/index.js";
 import { ChannelPool, channelConfigSchema, inProcessTransport, outboundContextValues, RoundRobinPicker } from "../rpc/index.js";
 import { bindService, ConfigError, defineModule, hostPort, requestIdOf, type ModuleContext } from "../server/index.js";
+import { delay } from "../util/index.js";
 import { EncoderRouter, type EncodeBinding, type EncodeTarget, type EncoderLifecycle, type FallbackCause } from "./router.js";
 
 /** "local": this process's own service, in memory; otherwise HOST:PORT. */
@@ -74,27 +76,66 @@ async function requireLocal(transport: Transport, service: string, setting: stri
   }
 }
 
-/** A target over a membership: each pick reads the current members, so admission changes apply at once. */
-function membershipTarget(id: string, resolver: Resolver, transportOf: (member: Member) => Transport): EncodeTarget {
+/** Decides whether a discovered member may take traffic (a health check). */
+export type AdmissionCheck = (member: Member, signal: AbortSignal) => Promise<boolean>;
+
+/**
+ * A target over a membership: each pick reads the current members, so
+ * changes apply at once and the rotation is kept. With `admit`, a member
+ * joins the rotation only once its check passes (checked again every
+ * `retryMs` until it does, while it stays a member).
+ */
+function membershipTarget(
+  id: string,
+  resolver: Resolver,
+  transportOf: (member: Member) => Transport,
+  admit?: AdmissionCheck,
+  retryMs = 1000,
+): EncodeTarget & { admitted(): readonly Member[] } {
+  let current: (() => readonly Member[]) | undefined;
   return {
     id,
+    admitted: () => current?.() ?? [],
     async bind(): Promise<EncodeBinding> {
-      let view = resolver.current();
-      let picker = new RoundRobinPicker(view.members);
-      let retired = false;
+      const retired = new AbortController();
+      const passed = new Set<string>();
+      const checking = new Set<string>();
+      const present = (memberId: string) => resolver.current().members.some((m) => m.id === memberId);
+      const check = (member: Member) => {
+        if (!admit || passed.has(member.id) || checking.has(member.id)) return;
+        checking.add(member.id);
+        void (async () => {
+          try {
+            while (!retired.signal.aborted && present(member.id)) {
+              if (await admit(member, retired.signal).catch(() => false)) {
+                passed.add(member.id);
+                return;
+              }
+              await delay(retryMs, retired.signal).catch(() => undefined);
+            }
+          } finally {
+            checking.delete(member.id);
+          }
+        })();
+      };
+      const admittedNow = () => {
+        const members = resolver.current().members;
+        for (const m of members) check(m);
+        for (const memberId of passed) if (!members.some((m) => m.id === memberId)) passed.delete(memberId);
+        return admit ? members.filter((m) => passed.has(m.id)) : members;
+      };
+      current = admittedNow;
+      let picker = new RoundRobinPicker(admittedNow());
       return {
         pick() {
-          if (retired) return undefined;
-          const now = resolver.current();
-          if (now.generation !== view.generation) {
-            view = now;
-            picker = picker.rebuild(now.members);
-          }
+          if (retired.signal.aborted) return undefined;
+          const now = admittedNow();
+          if (now.map((m) => m.id).join() !== picker.endpoints.map((m) => m.id).join()) picker = picker.rebuild(now);
           const member = picker.pick();
           return member && { id: member.id, transport: transportOf(member) };
         },
         close() {
-          retired = true;
+          retired.abort();
         },
       };
     },
@@ -179,12 +220,22 @@ function createHop(ctx: ModuleContext<EncodeHopConfig>) {
       : membershipTarget(config.encoders.discovery, resolver, (member) =>
           config.encoders.discovery === "local" ? local : transportOf(member.address),
         );
-  /** Connects to etcd, routes over its membership until the signal fires, then lets go. */
+  let etcdTarget: ReturnType<typeof membershipTarget> | undefined;
+  /** Connects to etcd, routes over its admitted members until the signal fires, then lets go. */
   const etcdDiscovery = async (signal: AbortSignal): Promise<void> => {
     const pool = config.encoders.etcd!;
     const watched = await EtcdResolver.create({ ...pool, logger: ctx.logger, registry: ctx.metrics });
     resolver = watched;
-    router.setTarget(membershipTarget(`etcd:${etcdPoolPrefix(pool)}`, watched, (member) => transportOf(member.address)));
+    // A registered worker takes traffic once its health says SERVING.
+    const admit: AdmissionCheck = async (member, signal) =>
+      (
+        await createClient(Health, transportOf(member.address)).check(
+          { service: EncodeWorkerService.typeName },
+          { signal, timeoutMs: 2000 },
+        )
+      ).status === ServingStatus.SERVING;
+    etcdTarget = membershipTarget(`etcd:${etcdPoolPrefix(pool)}`, watched, (member) => transportOf(member.address), admit);
+    router.setTarget(etcdTarget);
     try {
       await new Promise<void>((resolve) => signal.addEventListener("abort", () => resolve(), { once: true }));
     } finally {
@@ -234,7 +285,7 @@ function createHop(ctx: ModuleContext<EncodeHopConfig>) {
         members:
           config.encoders.discovery === "off"
             ? []
-            : view.members.map((m) =>
+            : (etcdTarget ? etcdTarget.admitted() : view.members).map((m) =>
                 create(MemberSchema, {
                   id: m.id,
                   address: config.encoders.discovery === "local" ? "local" : m.address,

@@ -1,5 +1,6 @@
 import { expect } from "chai";
 import { createClient } from "@connectrpc/connect";
+import { AdminService } from "../../gen/mmgate/admin/v1/admin_pb.js";
 import { EncodeHopService, Lifecycle } from "../../gen/mmgate/encode/v1/encode_pb.js";
 import { Health, HealthCheckResponse_ServingStatus as S } from "../../gen/grpc/health/v1/health_pb.js";
 import { EtcdRegistration } from "../../src/discovery/index.js";
@@ -86,6 +87,28 @@ describe("encode: the hop over etcd discovery", function () {
       await eventually(async () => expect((await hop.getStatus({})).members).to.deep.equal([]), { timeoutMs: 3000 });
     } finally {
       if (!closed) await registering.close();
+    }
+  });
+
+  it("admits a registered worker only once its health says SERVING", async () => {
+    const hop = createClient(EncodeHopService, hopServer.transport);
+    const admin = createClient(AdminService, worker.transport);
+    await admin.setServingStatus({ service: "mmgate.encode.v1.EncodeWorkerService", serving: false });
+    const registration = await EtcdRegistration.create({ endpoints: [etcd.endpoint], ...pool, instanceId: "w3", address: worker.addr });
+    try {
+      await registration.register();
+      // Registered but not serving: never admitted, so the request falls back.
+      const before = (await hop.getStatus({})).fallbacks["no_member"] ?? 0n;
+      expect(await report(multimodal())).to.deep.equal({ present: false, items: 0 });
+      const status = await hop.getStatus({});
+      expect(status.members).to.deep.equal([]);
+      expect(status.fallbacks["no_member"]).to.equal(before + 1n);
+
+      await admin.setServingStatus({ service: "mmgate.encode.v1.EncodeWorkerService", serving: true });
+      await eventually(async () => expect((await hop.getStatus({})).members.map((m) => m.id)).to.deep.equal(["w3"]));
+      expect(await report(multimodal())).to.deep.equal({ present: true, items: 1 });
+    } finally {
+      await registration.close();
     }
   });
 });
