@@ -15,7 +15,7 @@ import type { Logger } from "pino";
 import { Counter, type Registry } from "prom-client";
 import { z } from "zod";
 import { hostPort } from "../server/index.js";
-import { delay, settleWithin } from "../util/index.js";
+import { delay, registeredMetric, settleWithin } from "../util/index.js";
 import { MembershipCell, type Member, type Membership, type Resolver } from "./resolver.js";
 
 /** One path segment of a key: non-empty, no `/`. */
@@ -237,14 +237,18 @@ export interface EtcdResolverOptions extends EtcdPool, ConnectOptions {
 
 function discoveryErrors(registry: Registry): Counter<"resolver"> {
   const name = "mmgate_discovery_errors_total";
-  const existing = registry.getSingleMetric(name);
-  if (existing) return existing as Counter<"resolver">;
-  return new Counter({
+  return registeredMetric(
+    registry,
     name,
-    help: "Errors talking to the membership source (lost watches, failed reloads), by resolver",
-    labelNames: ["resolver"] as const,
-    registers: [registry],
-  });
+    Counter<"resolver">,
+    () =>
+      new Counter({
+        name,
+        help: "Errors talking to the membership source (lost watches, failed reloads), by resolver",
+        labelNames: ["resolver"] as const,
+        registers: [registry],
+      }),
+  );
 }
 
 /**

@@ -17,7 +17,7 @@ import { EtcdResolver, etcdDiscoverySchema, etcdPoolPrefix, StaticResolver, stat
 import { shouldEncode } from "../llm/index.js";
 import { ChannelPool, channelConfigSchema, inProcessTransport, outboundContextValues, RoundRobinPicker } from "../rpc/index.js";
 import { bindService, ConfigError, defineModule, hostPort, requestIdOf, type ModuleContext } from "../server/index.js";
-import { delay } from "../util/index.js";
+import { delay, registeredMetric } from "../util/index.js";
 import { EncoderRouter, type EncodeBinding, type EncodeTarget, type EncoderLifecycle, type FallbackCause } from "./router.js";
 
 /** "local": this process's own service, in memory; otherwise HOST:PORT. */
@@ -144,28 +144,36 @@ function membershipTarget(
 
 function hopMetrics(registry: Registry, lifecycle: () => EncoderLifecycle) {
   const counter = (name: string, help: string, labelNames: string[] = []) =>
-    (registry.getSingleMetric(name) as Counter | undefined) ?? new Counter({ name, help, labelNames, registers: [registry] });
-  if (!registry.getSingleMetric("encode_hop_lifecycle")) {
-    new Gauge({
-      name: "encode_hop_lifecycle",
-      help: "The hop's lifecycle: 1 for the current state, 0 for the others.",
-      labelNames: ["state"],
-      registers: [registry],
-      collect() {
-        for (const state of ["pending", "active", "unavailable"] as const) this.set({ state }, lifecycle() === state ? 1 : 0);
-      },
-    });
-  }
-  return {
-    duration:
-      (registry.getSingleMetric("encode_duration_seconds") as Histogram | undefined) ??
-      new Histogram({
-        name: "encode_duration_seconds",
-        help: "Time spent in the Encode hop before forwarding (encode call and stream), by outcome.",
-        labelNames: ["outcome"],
-        buckets: [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30],
+    registeredMetric(registry, name, Counter, () => new Counter({ name, help, labelNames, registers: [registry] }));
+  registeredMetric(
+    registry,
+    "encode_hop_lifecycle",
+    Gauge,
+    () =>
+      new Gauge({
+        name: "encode_hop_lifecycle",
+        help: "The hop's lifecycle: 1 for the current state, 0 for the others.",
+        labelNames: ["state"],
         registers: [registry],
+        collect() {
+          for (const state of ["pending", "active", "unavailable"] as const) this.set({ state }, lifecycle() === state ? 1 : 0);
+        },
       }),
+  );
+  return {
+    duration: registeredMetric(
+      registry,
+      "encode_duration_seconds",
+      Histogram,
+      () =>
+        new Histogram({
+          name: "encode_duration_seconds",
+          help: "Time spent in the Encode hop before forwarding (encode call and stream), by outcome.",
+          labelNames: ["outcome"],
+          buckets: [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30],
+          registers: [registry],
+        }),
+    ),
     attempts: counter("encode_attempts_total", "Multimodal requests the hop sent to an Encode worker."),
     fallbacks: counter("encode_fallbacks_total", "Requests forwarded without an encoder result after the encode failed, by cause.", ["cause"]),
     perMember: counter("encode_member_requests_total", "Encode calls that succeeded, by Encode worker.", ["member"]),

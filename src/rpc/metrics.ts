@@ -4,6 +4,7 @@ import { codeToString } from "@connectrpc/connect/protocol-connect";
 import { Counter, Histogram } from "prom-client";
 import type { Registry } from "prom-client";
 import { observeStream } from "../util/index.js";
+import { registeredMetric } from "../util/index.js";
 
 type Labels = "grpc_service" | "grpc_method";
 
@@ -23,33 +24,34 @@ const byRegistry = new WeakMap<Registry, ClientMetrics>();
 export function clientMetrics(registry: Registry): ClientMetrics {
   const known = byRegistry.get(registry);
   if (known) return known;
-  const handled =
-    existing(registry, HANDLED, Counter) ??
-    new Counter({
-      name: HANDLED,
-      help: "RPCs completed by this process as a client, by status code.",
-      labelNames: ["grpc_service", "grpc_method", "grpc_code"],
-      registers: [registry],
-    });
-  const latency =
-    existing(registry, LATENCY, Histogram) ??
-    new Histogram({
-      name: LATENCY,
-      help: "Time from the start of a client call to its status (a stream's end).",
-      labelNames: ["grpc_service", "grpc_method"],
-      buckets: BUCKETS,
-      registers: [registry],
-    });
+  const handled = registeredMetric(
+    registry,
+    HANDLED,
+    Counter,
+    () =>
+      new Counter({
+        name: HANDLED,
+        help: "RPCs completed by this process as a client, by status code.",
+        labelNames: ["grpc_service", "grpc_method", "grpc_code"],
+        registers: [registry],
+      }),
+  );
+  const latency = registeredMetric(
+    registry,
+    LATENCY,
+    Histogram,
+    () =>
+      new Histogram({
+        name: LATENCY,
+        help: "Time from the start of a client call to its status (a stream's end).",
+        labelNames: ["grpc_service", "grpc_method"],
+        buckets: BUCKETS,
+        registers: [registry],
+      }),
+  );
   const metrics: ClientMetrics = { handled: handled as Counter<Labels | "grpc_code">, latency: latency as Histogram<Labels> };
   byRegistry.set(registry, metrics);
   return metrics;
-}
-
-function existing<T>(registry: Registry, name: string, kind: abstract new (...args: never[]) => T): T | undefined {
-  const metric = registry.getSingleMetric(name);
-  if (metric === undefined) return undefined;
-  if (!(metric instanceof kind)) throw new Error(`metric ${name} is registered with another type`);
-  return metric;
 }
 
 /** "NOT_FOUND" style names, as the gRPC status documentation spells them. */

@@ -1,6 +1,6 @@
 import type { Logger } from "pino";
 import { Counter, type Registry } from "prom-client";
-import { delay, settleWithin } from "../util/index.js";
+import { delay, registeredMetric, settleWithin } from "../util/index.js";
 
 /** Restart policy of one supervised task. */
 export interface TaskOptions {
@@ -29,14 +29,18 @@ export function restartBackoffMs(failures: number, options: Required<TaskOptions
 
 function taskMetrics(registry: Registry): Counter<"module" | "task"> {
   const name = "mmgate_task_restarts_total";
-  const existing = registry.getSingleMetric(name);
-  if (existing) return existing as Counter<"module" | "task">;
-  return new Counter({
+  return registeredMetric(
+    registry,
     name,
-    help: "Supervised background tasks restarted after they threw, by module and task",
-    labelNames: ["module", "task"] as const,
-    registers: [registry],
-  });
+    Counter<"module" | "task">,
+    () =>
+      new Counter({
+        name,
+        help: "Supervised background tasks restarted after they threw, by module and task",
+        labelNames: ["module", "task"] as const,
+        registers: [registry],
+      }),
+  );
 }
 
 interface RunningTask {

@@ -2,3 +2,4 @@ export { AcquireError, Semaphore, type AcquireFailure, type Permit } from "./sem
 export { delay, MAX_TIMER_MS, raceAbort, settleWithin, untilAborted } from "./abort.js";
 export { BoundedQueue, type BoundedQueueOptions } from "./bounded-queue.js";
 export { observeStream, type StreamObserver } from "./observe-stream.js";
+export { registeredMetric } from "./metrics.js";
