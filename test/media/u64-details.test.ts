@@ -1,22 +1,14 @@
 import { expect } from "chai";
-import { Code, ConnectError, createClient } from "@connectrpc/connect";
+import { Code, createClient, type ConnectError } from "@connectrpc/connect";
 import { fromBinary } from "@bufbuild/protobuf";
 import * as grpc from "@grpc/grpc-js";
 import { DataType, ErrorDetailSchema, MediaService } from "../../gen/mmgate/media/v1/media_pb.js";
 import { mediaModule } from "../../src/media/index.js";
-import { grpcServerStream, startServer, type InProcessServer } from "../support/index.js";
+import { connectErrorOf, grpcServerStream, startServer, type InProcessServer } from "../support/index.js";
 import { encodeRaw, pattern } from "./fixtures.js";
 
 const U64_MAX = 2n ** 64n - 1n;
 
-async function statusOf(work: () => Promise<unknown>): Promise<ConnectError> {
-  try {
-    await work();
-  } catch (err) {
-    return ConnectError.from(err);
-  }
-  throw new Error("the call succeeded");
-}
 
 function detailOf(err: ConnectError) {
   const detail = err.details.find((d) => "type" in d && d.type === ErrorDetailSchema.typeName);
@@ -44,7 +36,7 @@ describe("media: u64 arithmetic on request values never breaks a status", () => 
   for (const [name, offset, length] of ranges) {
     it(`ReadTensor ${name}: OUT_OF_RANGE at once, the detail saturated at 2^64 - 1`, async () => {
       const client = createClient(MediaService, server.transport);
-      const err = await statusOf(async () => {
+      const err = await connectErrorOf(async () => {
         for await (const _ of client.readTensor({ handle, offset, length }, { timeoutMs: 10_000 })) void _;
       });
       expect(err.code).to.equal(Code.OutOfRange);
@@ -66,7 +58,7 @@ describe("media: u64 arithmetic on request values never breaks a status", () => 
   it("HashTensor whose shape's element count passes 2^64: INVALID_ARGUMENT with a saturated detail", async () => {
     const client = createClient(MediaService, server.transport);
     const big = 2n ** 32n + 1n;
-    const err = await statusOf(() => client.hashTensor({ shape: [big, big], dtype: DataType.UINT8, data: new Uint8Array(4) }, { timeoutMs: 10_000 }));
+    const err = await connectErrorOf(() => client.hashTensor({ shape: [big, big], dtype: DataType.UINT8, data: new Uint8Array(4) }, { timeoutMs: 10_000 }));
     expect(err.code).to.be.oneOf([Code.InvalidArgument, Code.OutOfRange]);
     const detail = detailOf(err);
     expect(detail.limit <= U64_MAX && detail.actual <= U64_MAX).to.equal(true);

@@ -22,6 +22,7 @@ import {
   type ServiceModule,
 } from "../../src/server/index.js";
 import { inProcessTransport } from "../../src/rpc/index.js";
+import { connectErrorOf } from "../support/rejection.js";
 import { startServer, type InProcessServer } from "../support/server.js";
 import { ShapesService } from "../support/shapes-service.js";
 
@@ -117,14 +118,6 @@ const shapesModule = defineModule({
   }),
 });
 
-async function statusOf(call: () => Promise<unknown>): Promise<ConnectError> {
-  try {
-    await call();
-  } catch (err) {
-    return ConnectError.from(err);
-  }
-  throw new Error("the call succeeded");
-}
 
 async function drainStream(stream: AsyncIterable<unknown>): Promise<void> {
   for await (const _ of stream) void _;
@@ -147,12 +140,12 @@ describe("host: module lifecycle v2", () => {
     ];
     for (const [shape, call] of calls) {
       it(`${shape}: the module's mapper decides the status of its typed errors`, async () => {
-        const err = await statusOf(() => call(shapesClient(server.transport), "typed"));
+        const err = await connectErrorOf(() => call(shapesClient(server.transport), "typed"));
         expect(err.code).to.equal(Code.FailedPrecondition);
         expect(err.rawMessage).to.equal("typed failure");
       });
       it(`${shape}: an error no mapper claims is INTERNAL (never UNKNOWN), logged, and names the request id`, async () => {
-        const err = await statusOf(() => call(shapesClient(server.transport), "plain"));
+        const err = await connectErrorOf(() => call(shapesClient(server.transport), "plain"));
         expect(err.code).to.equal(Code.Internal);
         expect(err.rawMessage).to.match(/^internal error \(request id [0-9a-f-]{36}\)$/);
         expect(err.rawMessage).not.to.contain("internals");
@@ -162,23 +155,23 @@ describe("host: module lifecycle v2", () => {
         expect((logged!.err as { message: string }).message).to.equal("plain failure with internals");
       });
       it(`${shape}: a mapper that throws does not leak UNKNOWN: INTERNAL`, async () => {
-        const err = await statusOf(() => call(shapesClient(server.transport), "unmappable"));
+        const err = await connectErrorOf(() => call(shapesClient(server.transport), "unmappable"));
         expect(err.code).to.equal(Code.Internal);
       });
       it(`${shape}: a status whose details cannot be encoded still answers, with its code and message and without the details`, async () => {
-        const err = await statusOf(() => call(shapesClient(server.transport), "bad-detail"));
+        const err = await connectErrorOf(() => call(shapesClient(server.transport), "bad-detail"));
         expect(err.code).to.equal(Code.OutOfRange);
         expect(err.rawMessage).to.equal("range past the end");
         expect(err.details).to.deep.equal([]);
       });
       it(`${shape}: a handler's own TimeoutError answers DEADLINE_EXCEEDED`, async () => {
-        const err = await statusOf(() => call(shapesClient(server.transport), "timeout"));
+        const err = await connectErrorOf(() => call(shapesClient(server.transport), "timeout"));
         expect(err.code).to.equal(Code.DeadlineExceeded);
       });
     }
 
     it("counts the mapped code in the metrics", async () => {
-      await statusOf(() => shapesClient(server.transport).unary({ value: "typed" }));
+      await connectErrorOf(() => shapesClient(server.transport).unary({ value: "typed" }));
       const text = await server.host.metrics.registry.metrics();
       expect(text).to.match(/grpc_server_handled_total\{[^}]*grpc_method="Unary"[^}]*grpc_code="FAILED_PRECONDITION"[^}]*\} [1-9]/);
     });
@@ -263,10 +256,10 @@ describe("host: module lifecycle v2", () => {
         create: async (ctx) => {
           events.push("create");
           transport = inProcessTransport({ routes: ctx.localRoutes.routes, interceptors: ctx.localRoutes.interceptors });
-          const early = await statusOf(() => createClient(Health, transport!).check({ service: "" }));
+          const early = await connectErrorOf(() => createClient(Health, transport!).check({ service: "" }));
           events.push(`early call ${Code[early.code]}`);
           // A stream call too answers UNAVAILABLE, rather than throwing where it is made.
-          const earlyStream = await statusOf(() => drainStream(createClient(Health, transport!).watch({ service: "" })));
+          const earlyStream = await connectErrorOf(() => drainStream(createClient(Health, transport!).watch({ service: "" })));
           events.push(`early stream ${Code[earlyStream.code]}`);
           ctx.tasks.run("watch", async (signal) => {
             events.push("task running");
@@ -309,7 +302,7 @@ describe("host: module lifecycle v2", () => {
       const server = await startServer({ modules: [caller], config: { auth: { token } } });
       try {
         const admin = createClient(AdminService, transport!);
-        const refused = await statusOf(() => admin.getConfig({}));
+        const refused = await connectErrorOf(() => admin.getConfig({}));
         expect(refused.code).to.equal(Code.Unauthenticated);
         const res = await admin.getConfig({}, { headers: { authorization: `Bearer ${token}` } });
         expect((res.config as { auth: { token: string } }).auth.token).to.equal("<redacted>");
@@ -388,7 +381,7 @@ describe("host: module lifecycle v2", () => {
       const server = await startServer({ modules: [dependent, base], config: { modules: ["dependent"] } });
       try {
         expect(seen).to.equal("hello encode worker");
-        const err = await statusOf(() => createClient(Health, server.transport).check({ service: SHAPES }));
+        const err = await connectErrorOf(() => createClient(Health, server.transport).check({ service: SHAPES }));
         expect(err.code).to.equal(Code.NotFound);
       } finally {
         await server.close();

@@ -1,4 +1,5 @@
 /** Asserting that work fails, and how. */
+import { ConnectError } from "@connectrpc/connect";
 import { expect } from "chai";
 
 export interface ExpectedFailure<E> {
@@ -31,6 +32,11 @@ export async function expectRejection<E = Error>(
     return error as E;
   }
   expect.fail(`expected a failure, got ${preview(value)}`);
+}
+
+/** Awaits a call that must fail and returns its status as a ConnectError (whatever was thrown). */
+export async function connectErrorOf(work: Promise<unknown> | (() => unknown)): Promise<ConnectError> {
+  return ConnectError.from(await expectRejection(work));
 }
 
 function preview(value: unknown): string {
