@@ -17,7 +17,7 @@ import { EtcdResolver, etcdDiscoverySchema, etcdPoolPrefix, StaticResolver, stat
 import { shouldEncode } from "../llm/index.js";
 import { ChannelPool, channelConfigSchema, inProcessTransport, outboundContextValues, RoundRobinPicker } from "../rpc/index.js";
 import { bindService, ConfigError, defineModule, hostPort, requestIdOf, type ModuleContext } from "../server/index.js";
-import { delay, registeredMetric } from "../util/index.js";
+import { delay, MAX_TIMER_MS, registeredMetric } from "../util/index.js";
 import { EncoderRouter, type EncodeBinding, type EncodeTarget, type EncoderLifecycle, type FallbackCause } from "./router.js";
 
 /** "local": this process's own service, in memory; otherwise HOST:PORT. */
@@ -44,7 +44,7 @@ export const encodeHopConfigSchema = z.strictObject({
     .refine((e) => e.discovery !== "static" || e.members.length > 0, "encoders.members: static discovery needs at least one member")
     .refine((e) => e.discovery !== "etcd" || e.etcd !== undefined, "encoders.etcd: etcd discovery needs its endpoints, component and endpoint"),
   /** Longest an encode call may take before the request falls back (0: the caller's deadline only). */
-  encodeTimeoutMs: z.number().int().min(0).max(2 ** 31 - 1).default(30_000),
+  encodeTimeoutMs: z.number().int().min(0).max(MAX_TIMER_MS).default(30_000),
   /** Outbound channel settings (TLS, keepalive, limits) for remote workers. */
   channel: channelConfigSchema.prefault({}),
 });

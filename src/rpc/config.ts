@@ -1,4 +1,5 @@
 import { z } from "zod";
+import { MAX_TIMER_MS } from "../util/index.js";
 
 const MiB = 1024 * 1024;
 
@@ -6,7 +7,7 @@ const MiB = 1024 * 1024;
 export const MAX_MESSAGE_LIMIT_BYTES = 1024 * MiB;
 
 const bytes = z.number().int().min(1024).max(MAX_MESSAGE_LIMIT_BYTES);
-const ms = z.number().int().min(0).max(2 ** 31 - 1);
+const ms = z.number().int().min(0).max(MAX_TIMER_MS);
 
 /**
  * A module's outbound settings for one kind of peer (its encode workers,
@@ -29,9 +30,9 @@ export const channelConfigSchema = z
      */
     keepaliveIntervalMs: ms.default(30_000),
     /** How long a PING may go unanswered before the connection and its calls are closed. Default 20000 (20 s). */
-    keepaliveTimeoutMs: z.number().int().min(1).max(2 ** 31 - 1).default(20_000),
+    keepaliveTimeoutMs: z.number().int().min(1).max(MAX_TIMER_MS).default(20_000),
     /** A connection without calls for this long is closed (and reopened by the next call). Default 900000 (15 min). */
-    idleConnectionTimeoutMs: z.number().int().min(1).max(2 ** 31 - 1).default(900_000),
+    idleConnectionTimeoutMs: z.number().int().min(1).max(MAX_TIMER_MS).default(900_000),
     /** Largest response message accepted; a larger one fails the call with RESOURCE_EXHAUSTED. Default 8 MiB. */
     maxReceiveMessageBytes: bytes.default(8 * MiB),
     /** Largest request message sent; a larger one fails the call before it leaves. Default 8 MiB. */

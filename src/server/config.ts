@@ -3,6 +3,7 @@ import { extname } from "node:path";
 import { parse as parseYaml } from "yaml";
 import { z } from "zod";
 import type { ServiceModule } from "./module.js";
+import { MAX_TIMER_MS } from "../util/index.js";
 
 const MiB = 1024 * 1024;
 
@@ -20,7 +21,7 @@ export const hostPort = z
 
 const bytes = (min: number, max: number) => z.number().int().min(min).max(max);
 /** A duration in milliseconds that a Node timer can hold. */
-const timerMs = z.number().int().min(0).max(2 ** 31 - 1);
+const timerMs = z.number().int().min(0).max(MAX_TIMER_MS);
 
 /** Settings of the host itself; each module adds its own section. */
 export const hostConfigSchema = z.strictObject({

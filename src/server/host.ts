@@ -14,7 +14,7 @@ import { AdminService, adminService } from "./admin-service.js";
 import { bearerAuthInterceptor } from "./auth.js";
 import type { MmgateConfig } from "./config.js";
 import { ConfigError, splitHostPort } from "./config.js";
-import { delay, settleWithin } from "../util/index.js";
+import { delay, MAX_TIMER_MS, settleWithin } from "../util/index.js";
 import { callInterceptor } from "./call-interceptor.js";
 import { Health, HealthRegistry, Readiness, ServingStatus, healthService } from "./health.js";
 import { RpcMetrics } from "./metrics.js";
@@ -204,7 +204,7 @@ export async function startHost(options: HostOptions): Promise<Host> {
           settings,
           maxSessionMemory: 64,
           // 0 turns connections.handshakeTimeoutMs off; Node's TLS default is 120 s.
-          handshakeTimeout: config.connections.handshakeTimeoutMs || 2 ** 31 - 1,
+          handshakeTimeout: config.connections.handshakeTimeoutMs || MAX_TIMER_MS,
         },
         onRequest,
       )
@@ -264,13 +264,17 @@ export async function startHost(options: HostOptions): Promise<Host> {
     }
   };
   const stopTasks = (timeoutMs: number) => Promise.all(built.map((b) => b.supervisor.stop(timeoutMs)));
+  /** Every connection, HTTP/2 or not yet: what keeps the listener from closing. */
+  const destroyConnections = () => {
+    for (const session of sessions) session.destroy();
+    for (const socket of sockets) socket.destroy();
+  };
   /** Undoes a start-up that failed part way. */
   const failStart = async () => {
     drainController.abort();
     await stopTasks(1000);
     await closeModules();
-    for (const session of sessions) session.destroy();
-    for (const socket of sockets) socket.destroy();
+    destroyConnections();
     await closeServer(server);
   };
   let bindings: ServiceBinding[];
@@ -430,8 +434,7 @@ export async function startHost(options: HostOptions): Promise<Host> {
       logger.warn({ openSessions: sessions.size, openSockets: sockets.size }, "grace period over: cancelling the calls still running");
       abortController.abort(new ConnectError("server shut down", Code.Unavailable));
       await delay(50);
-      for (const session of sessions) session.destroy();
-      for (const socket of sockets) socket.destroy();
+      destroyConnections();
       await listenerClosed;
     }
     await stopTasks(TASK_STOP_MS);
