@@ -6,7 +6,7 @@ import { Code, createContextKey } from "@connectrpc/connect";
 import type { ContextValues } from "@connectrpc/connect";
 import { codeFromHttpStatus, codeToString } from "@connectrpc/connect/protocol-connect";
 import type { Logger } from "pino";
-import type { RpcMetrics, RpcType } from "./metrics.js";
+import type { MethodMetrics, RpcMetrics, RpcType } from "./metrics.js";
 import { StatusSniffer, bodyStatusFormat } from "./status-sniffer.js";
 
 /** What the host learns about one RPC while it runs. */
@@ -56,6 +56,14 @@ function rpcType(method: DescMethod): RpcType {
 }
 
 type NodeReq = Http2ServerRequest | IncomingMessage;
+
+/** One call between `RpcObserver.open` and `close`. */
+export interface ObservedCall {
+  readonly record: RpcRecord;
+  readonly path: string;
+  readonly series: MethodMetrics;
+  readonly started: number;
+}
 type NodeRes = Http2ServerResponse | ServerResponse;
 
 /**
@@ -81,21 +89,50 @@ export class RpcObserver {
     }
   }
 
-  /** Starts observing; returns the record the connect handler will see. */
-  begin(req: NodeReq, res: NodeRes): RpcRecord {
-    const started = performance.now();
-    const path = (req.url ?? "").split("?", 1)[0] ?? "";
+  /**
+   * Opens the record of one call to `path`: its request id (the client's
+   * x-request-id when sane) and its method's series, started. `close`
+   * finishes it. Both paths of the host (connect's and the lean one) use
+   * this pair, so their logs and metrics cannot differ.
+   */
+  open(path: string, headers: IncomingHttpHeaders): ObservedCall {
     const known = this.methods.get(path);
     const record: RpcRecord = {
-      requestId: requestIdFrom(req.headers),
+      requestId: requestIdFrom(headers),
       service: known?.service ?? "unknown",
       method: known?.method ?? "unknown",
       type: known?.type ?? "unknown",
     };
-    this.records.set(req, record);
-    res.setHeader("x-request-id", record.requestId);
     const series = this.metrics.forMethod(record.service, record.method, record.type);
     series.started();
+    return { record, path, series, started: performance.now() };
+  }
+
+  /** Counts and logs a call opened with `open`, ended with `code`. */
+  close(call: ObservedCall, code: Code | 0): void {
+    const { record } = call;
+    const seconds = (performance.now() - call.started) / 1000;
+    const name = codeName(code);
+    call.series.handled(name, seconds);
+    this.logger.info(
+      {
+        service: record.service,
+        method: record.service === "unknown" ? call.path.slice(0, 200) : record.method,
+        code: name,
+        durationMs: Math.round(seconds * 1e6) / 1e3,
+        requestId: record.requestId,
+      },
+      "rpc finished",
+    );
+  }
+
+  /** Starts observing a request of connect's path; returns the record its handler will see. */
+  begin(req: NodeReq, res: NodeRes): RpcRecord {
+    const path = (req.url ?? "").split("?", 1)[0] ?? "";
+    const call = this.open(path, req.headers);
+    const record = call.record;
+    this.records.set(req, record);
+    res.setHeader("x-request-id", record.requestId);
 
     let trailerStatus: string | undefined;
     // connect-node reports the gRPC status in the trailers it adds.
@@ -124,28 +161,25 @@ export class RpcObserver {
     }
 
     let done = false;
-    const finish = (closedEarly: boolean) => {
+    const finish = (closed: boolean) => {
       if (done) return;
       done = true;
-      const headerStatus = res.getHeader("grpc-status");
+      // On a reset the compatibility layer may report "finish" before
+      // "close", with no trailers sent: that is a response cut short too.
+      const closedEarly = closed || (trailerStatus === undefined && "stream" in res && (res.stream.rstCode ?? 0) !== 0);
       let code: Code | 0 | undefined;
-      if (trailerStatus !== undefined) code = Number(trailerStatus) as Code | 0;
-      else if (typeof headerStatus === "string") code = Number(headerStatus) as Code | 0;
-      else if (!closedEarly) code = sniffer.status(res.statusCode);
-      code ??= record.code ?? (closedEarly ? Code.Canceled : res.statusCode === 200 ? 0 : codeFromHttpStatus(res.statusCode));
-      const seconds = (performance.now() - started) / 1000;
-      const name = codeName(code);
-      series.handled(name, seconds);
-      this.logger.info(
-        {
-          service: record.service,
-          method: record.service === "unknown" ? path.slice(0, 200) : record.method,
-          code: name,
-          durationMs: Math.round(seconds * 1e6) / 1e3,
-          requestId: record.requestId,
-        },
-        "rpc finished",
-      );
+      if (closedEarly) {
+        // The response never completed (the client reset it, the grace cut
+        // it): whatever status connect meant to send, the client saw none.
+        code = record.code ?? Code.Canceled;
+      } else {
+        const headerStatus = res.getHeader("grpc-status");
+        if (trailerStatus !== undefined) code = Number(trailerStatus) as Code | 0;
+        else if (typeof headerStatus === "string") code = Number(headerStatus) as Code | 0;
+        else code = sniffer.status(res.statusCode);
+        code ??= record.code ?? (res.statusCode === 200 ? 0 : codeFromHttpStatus(res.statusCode));
+      }
+      this.close(call, code);
     };
     res.once("finish", () => finish(false));
     res.once("close", () => finish(!res.writableFinished));
