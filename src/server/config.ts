@@ -54,6 +54,22 @@ export const hostConfigSchema = z.strictObject({
       maxTimeoutMs: z.number().int().min(0).default(0),
     })
     .prefault({}),
+  rpc: z
+    .strictObject({
+      /**
+       * Serve unary and server-streaming gRPC calls on the host's lean path
+       * (the same interceptors, limits and wire, a fraction of the per-call
+       * cost); false sends every call through connect's handler.
+       */
+      fastPath: z.boolean().default(true),
+      /**
+       * Compress responses of at least this many bytes when the client
+       * accepts gzip or br; 0 (the default) never compresses them. Tensors
+       * and filter frames barely compress and cost CPU to try.
+       */
+      responseCompressionMinBytes: z.number().int().min(0).max(2 ** 32 - 1).default(0),
+    })
+    .prefault({}),
   connections: z
     .strictObject({
       /** An HTTP/2 session with no open stream for this long is closed (GOAWAY); 0 turns it off. */

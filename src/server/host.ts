@@ -3,7 +3,7 @@ import { readFileSync } from "node:fs";
 import type { Server as HttpServer, IncomingMessage, ServerResponse } from "node:http";
 import * as http2 from "node:http2";
 import type { AddressInfo, Socket } from "node:net";
-import type { DescMethod } from "@bufbuild/protobuf";
+import type { DescMethod, DescService } from "@bufbuild/protobuf";
 import type { ConnectRouter, Interceptor } from "@connectrpc/connect";
 import { Code, ConnectError, createContextValues } from "@connectrpc/connect";
 import { connectNodeAdapter } from "@connectrpc/connect-node";
@@ -15,6 +15,7 @@ import { bearerAuthInterceptor } from "./auth.js";
 import type { MmgateConfig } from "./config.js";
 import { ConfigError, splitHostPort } from "./config.js";
 import { delay, MAX_TIMER_MS, settleWithin } from "../util/index.js";
+import { FastPath } from "./fast-path.js";
 import { callInterceptor } from "./call-interceptor.js";
 import { Health, HealthRegistry, Readiness, ServingStatus, healthService } from "./health.js";
 import { RpcMetrics } from "./metrics.js";
@@ -165,6 +166,24 @@ function releaseUnreadRequest(req: NodeReq, res: NodeRes): void {
       if (!req.readableEnded && !stream.destroyed) stream.destroy();
     }),
   );
+}
+
+/**
+ * Puts the lean path in front of the HTTP/2 compatibility layer: every new
+ * stream is offered to it first, and what it declines goes on to the
+ * compatibility layer's listener (and so to connect) unchanged. Returns
+ * false, changing nothing, when that listener is not where this Node.js
+ * version keeps it.
+ */
+function routeStreams(server: http2.Http2Server | http2.Http2SecureServer, fastPath: FastPath): boolean {
+  const listeners = server.listeners("stream");
+  const compat = listeners[0];
+  if (listeners.length !== 1 || typeof compat !== "function") return false;
+  server.removeListener("stream", compat as (...args: unknown[]) => void);
+  server.on("stream", (stream: http2.ServerHttp2Stream, headers: http2.IncomingHttpHeaders, flags: number, rawHeaders: string[]) => {
+    if (!fastPath.serve(stream, headers)) (compat as (...args: unknown[]) => void).call(server, stream, headers, flags, rawHeaders);
+  });
+  return true;
 }
 
 /**
@@ -337,17 +356,23 @@ export async function startHost(options: HostOptions): Promise<Host> {
     }),
   ];
   if (config.auth.token !== "") interceptors.push(bearerAuthInterceptor(config.auth.token));
+  const served: { service: DescService; implementation: object }[] = [
+    ...bindings,
+    { service: Health, implementation: healthService(health, drainController.signal) },
+    { service: AdminService, implementation: adminService({ version: options.version, startedAt, config, health }) },
+  ];
   const registerRoutes = (router: ConnectRouter) => {
-    for (const b of bindings) router.service(b.service, b.implementation);
-    router.service(Health, healthService(health, drainController.signal));
-    router.service(AdminService, adminService({ version: options.version, startedAt, config, health }));
+    for (const s of served) router.service(s.service, s.implementation);
     addReflection(router, routed, drainController.signal);
   };
 
+  const compressMinBytes = config.rpc.responseCompressionMinBytes;
   const adapter = connectNodeAdapter({
     readMaxBytes: config.limits.maxReceiveMessageBytes,
     writeMaxBytes: config.limits.maxSendMessageBytes,
     ...(config.limits.maxTimeoutMs > 0 ? { maxTimeoutMs: config.limits.maxTimeoutMs } : {}),
+    // connect compresses from 1 KiB by default; here only when configured.
+    compressMinBytes: compressMinBytes > 0 ? compressMinBytes : Number.MAX_SAFE_INTEGER,
     shutdownSignal: abortController.signal,
     interceptors,
     routes(router: ConnectRouter) {
@@ -370,6 +395,22 @@ export async function startHost(options: HostOptions): Promise<Host> {
     observer.begin(req, res);
     adapter(req, res);
   };
+  if (config.rpc.fastPath) {
+    const fastPath = new FastPath({
+      interceptors,
+      observer,
+      taken: metrics.leanPathCalls,
+      readMaxBytes: config.limits.maxReceiveMessageBytes,
+      writeMaxBytes: config.limits.maxSendMessageBytes,
+      maxTimeoutMs: config.limits.maxTimeoutMs > 0 ? config.limits.maxTimeoutMs : undefined,
+      shutdownSignal: abortController.signal,
+      tls,
+      // A client that accepts a compressed answer gets it from connect.
+      declineCompressible: compressMinBytes > 0,
+    });
+    for (const s of served) fastPath.addService(s.service, s.implementation);
+    if (!routeStreams(server, fastPath)) logger.warn("this Node.js does not let the lean request path take HTTP/2 streams: every call goes through connect");
+  }
   liveRoutes = registerRoutes;
   liveInterceptors = interceptors;
 

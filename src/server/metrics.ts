@@ -14,8 +14,16 @@ export class RpcMetrics {
   private readonly handled: Counter<"grpc_service" | "grpc_method" | "grpc_type" | "grpc_code">;
   private readonly latency: Histogram<"grpc_service" | "grpc_method" | "grpc_type" | "grpc_code">;
 
+  /** Calls the host's lean path took (the rest went through connect's handler). */
+  readonly leanPathCalls: Counter;
+
   constructor(registry = new Registry()) {
     this.registry = registry;
+    this.leanPathCalls = new Counter({
+      name: "mmgate_rpc_lean_path_calls_total",
+      help: "RPCs served by the host's lean request path rather than connect's handler.",
+      registers: [registry],
+    });
     collectDefaultMetrics({ register: registry });
     this.started = new Counter({
       name: "grpc_server_started_total",
