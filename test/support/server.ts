@@ -137,14 +137,23 @@ function transports(addr: string) {
   };
 }
 
+/**
+ * `MMGATE_TEST_RPC_PATH=connect` runs every server the tests start (in this
+ * process or as a child) with the host's lean request path off, so that the
+ * same suite proves both paths answer alike (`npm run test:connect-path`).
+ */
+export const connectPathOnly = process.env.MMGATE_TEST_RPC_PATH === "connect";
+
 /** Starts the host in this process on ephemeral ports. */
 export async function startServer(options: StartOptions = {}): Promise<InProcessServer> {
   const modules = options.modules ?? [];
+  const given = options.config ?? {};
   const raw = {
     listen: "127.0.0.1:0",
     adminListen: "127.0.0.1:0",
     modules: modules.map((m) => m.name),
-    ...options.config,
+    ...given,
+    ...(connectPathOnly ? { rpc: { ...(given["rpc"] as object | undefined), fastPath: false } } : {}),
   };
   const config = resolveConfig(raw, modules);
   const lines = options.logLines;
@@ -183,7 +192,11 @@ export async function startChildServer(args: string[] = [], env: Record<string, 
   const child = spawn(
     process.execPath,
     [...nodeArgs, `${repoRoot}bin/mmgate.js`, "serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", ...args],
-    { cwd: repoRoot, env: { ...process.env, ...env }, stdio: ["ignore", "pipe", "pipe"] },
+    {
+      cwd: repoRoot,
+      env: { ...process.env, ...(connectPathOnly ? { MMGATE_RPC__FAST_PATH: "false" } : {}), ...env },
+      stdio: ["ignore", "pipe", "pipe"],
+    },
   );
   const stdout: string[] = [];
   const stderr: string[] = [];
