@@ -4,6 +4,7 @@ import { create, fromBinary, isMessage, toBinary } from "@bufbuild/protobuf";
 import type { ContextKey, ContextValues, HandlerContext, Interceptor, StreamRequest, StreamResponse, UnaryRequest, UnaryResponse } from "@connectrpc/connect";
 import { Code, ConnectError } from "@connectrpc/connect";
 import { parseTimeout, setTrailerStatus } from "@connectrpc/connect/protocol-grpc";
+import { serializeChunked } from "./message-chunks.js";
 import type { ObservedCall, RpcObserver } from "./rpc-observer.js";
 import { rpcRecordKey } from "./rpc-observer.js";
 
@@ -31,6 +32,8 @@ const HEADER_BYTES = 5;
 const FLAG_COMPRESSED = 0x01;
 /** Messages up to this size are copied behind their header into one write; larger ones are written as they are. */
 const COPY_MAX_BYTES = 16 * 1024;
+/** A top-level bytes field from this size on is sent from the handler's buffer, not copied (message-chunks.ts). */
+const CHUNKED_MIN_BYTES = 64 * 1024;
 
 type Impl = (input: unknown, ctx: HandlerContext) => unknown;
 
@@ -468,16 +471,25 @@ class GrpcCall implements HandlerContext {
     });
   }
 
-  private serialize(message: unknown): Uint8Array {
-    let bytes: Uint8Array;
+  /** The message's bytes: one buffer, or (a big top-level bytes field) chunks that concatenate to it. */
+  private serialize(message: unknown): Uint8Array | Uint8Array[] {
+    let bytes: Uint8Array | Uint8Array[];
+    let length: number;
     try {
-      bytes = toBinary(this.method.output, message as never);
+      const chunks = serializeChunked(this.method.output, message as Record<string, unknown>, CHUNKED_MIN_BYTES);
+      if (chunks === undefined) {
+        bytes = toBinary(this.method.output, message as never);
+        length = bytes.byteLength;
+      } else {
+        bytes = chunks;
+        length = chunks.reduce((sum, c) => sum + c.byteLength, 0);
+      }
     } catch (e) {
       throw new ConnectError(`serialize binary: ${e instanceof Error ? e.message : String(e)}`, Code.Internal);
     }
     const max = this.path.options.writeMaxBytes;
-    if (bytes.byteLength > max) {
-      throw new ConnectError(`message size ${bytes.byteLength} is larger than configured writeMaxBytes ${max}`, Code.ResourceExhausted);
+    if (length > max) {
+      throw new ConnectError(`message size ${length} is larger than configured writeMaxBytes ${max}`, Code.ResourceExhausted);
     }
     return bytes;
   }
@@ -514,13 +526,13 @@ class GrpcCall implements HandlerContext {
   }
 
   /** Writes one message frame; returns false when the stream asks the writer to wait. */
-  private sendMessage(bytes: Uint8Array, last: boolean): boolean {
+  private sendMessage(bytes: Uint8Array | Uint8Array[], last: boolean): boolean {
     const stream = this.stream;
     if (this.closed || stream.destroyed) return true;
     if (!this.headersSent) this.respond();
     if (last) this.trailers = this.trailerStatus(undefined);
-    let ok: boolean;
-    if (bytes.byteLength <= COPY_MAX_BYTES) {
+    if (!Array.isArray(bytes) && bytes.byteLength <= COPY_MAX_BYTES) {
+      // Small: header and message in one buffer, one DATA frame.
       const frame = Buffer.allocUnsafe(HEADER_BYTES + bytes.byteLength);
       writeHeader(frame, bytes.byteLength);
       frame.set(bytes, HEADER_BYTES);
@@ -528,18 +540,20 @@ class GrpcCall implements HandlerContext {
         stream.end(frame);
         return true;
       }
-      ok = stream.write(frame);
-    } else {
-      const header = Buffer.allocUnsafe(HEADER_BYTES);
-      writeHeader(header, bytes.byteLength);
-      stream.write(header);
-      if (last) {
-        stream.end(bytes);
-        return true;
-      }
-      ok = stream.write(bytes);
+      return stream.write(frame);
     }
-    return ok;
+    // Large: the header, then the message's own buffers, none copied.
+    const parts = Array.isArray(bytes) ? bytes : [bytes];
+    const header = Buffer.allocUnsafe(HEADER_BYTES);
+    writeHeader(header, parts.reduce((sum, p) => sum + p.byteLength, 0));
+    stream.cork();
+    stream.write(header);
+    let ok = true;
+    for (let i = 0; i < parts.length - 1; i++) ok = stream.write(parts[i]!);
+    if (last) stream.end(parts[parts.length - 1]);
+    else ok = stream.write(parts[parts.length - 1]!);
+    process.nextTick(uncork, stream);
+    return last || ok;
   }
 
   /** Ends the response: trailers only (after the headers), with `error`'s status or OK. */
@@ -762,6 +776,10 @@ function negotiatedEncoding(accepted: string | string[] | undefined): string | u
 
 function cutUnreadRequest(stream: ServerHttp2Stream): void {
   if (!stream.readableEnded && !stream.destroyed) stream.destroy();
+}
+
+function uncork(stream: ServerHttp2Stream): void {
+  stream.uncork();
 }
 
 function writeHeader(target: Buffer, length: number): void {
