@@ -7,6 +7,7 @@ import { Http2SessionManager, createGrpcTransport } from "@connectrpc/connect-no
 import type { Registry } from "prom-client";
 import { hostPort, splitHostPort } from "../server/index.js";
 import { ChannelConfigError, type ChannelOptions } from "./config.js";
+import { createLeanGrpcTransport } from "./lean-transport.js";
 import { clientMetrics, metricsInterceptor } from "./metrics.js";
 import { outboundInterceptors, withDeadlines } from "./outbound.js";
 
@@ -98,14 +99,25 @@ export function createChannel(target: string, options: ChannelOptions, deps: Cha
     return next(req);
   };
   const extra = deps.registry ? [metricsInterceptor(clientMetrics(deps.registry))] : [];
+  const interceptors = outboundInterceptors(extra, [...(deps.interceptors ?? []), track]);
+  const connectTransport = createGrpcTransport({
+    baseUrl,
+    sessionManager: session,
+    readMaxBytes: options.maxReceiveMessageBytes,
+    writeMaxBytes: options.maxSendMessageBytes,
+    interceptors,
+  });
   const transport = withDeadlines(
-    createGrpcTransport({
-      baseUrl,
-      sessionManager: session,
-      readMaxBytes: options.maxReceiveMessageBytes,
-      writeMaxBytes: options.maxSendMessageBytes,
-      interceptors: outboundInterceptors(extra, [...(deps.interceptors ?? []), track]),
-    }),
+    options.leanPath
+      ? createLeanGrpcTransport({
+          baseUrl,
+          session,
+          interceptors,
+          readMaxBytes: options.maxReceiveMessageBytes,
+          writeMaxBytes: options.maxSendMessageBytes,
+          fallback: connectTransport,
+        })
+      : connectTransport,
     { defaultTimeoutMs: options.defaultTimeoutMs, ...(deps.now ? { now: deps.now } : {}) },
   );
   const refused = () => new ConnectError(`channel to ${target} is closed`, Code.Unavailable);

@@ -39,6 +39,12 @@ export const channelConfigSchema = z
     maxSendMessageBytes: bytes.default(8 * MiB),
     /** Deadline of a call that sets none itself; 0 (default) means none. An inbound deadline still applies. */
     defaultTimeoutMs: ms.default(0),
+    /**
+     * Make unary and server-streaming calls on the channel's lean transport (the same interceptors,
+     * headers and errors as connect's gRPC transport, a fraction of its per-call cost); false uses
+     * connect's transport for every call. Default true.
+     */
+    leanPath: z.boolean().default(true),
   })
   .superRefine((c, ctx) => {
     if (c.tls) return;

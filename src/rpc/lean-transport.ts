@@ -1,0 +1,401 @@
+import type { ClientHttp2Stream, IncomingHttpHeaders, OutgoingHttpHeaders } from "node:http2";
+import { constants as h2 } from "node:http2";
+import type { DescMessage, DescMethod, DescMethodStreaming, DescMethodUnary } from "@bufbuild/protobuf";
+import { fromBinary, toBinary } from "@bufbuild/protobuf";
+import type { ContextValues, Interceptor, StreamRequest, StreamResponse, Transport, UnaryRequest, UnaryResponse } from "@connectrpc/connect";
+import { Code, ConnectError, createContextValues } from "@connectrpc/connect";
+import type { Http2SessionManager } from "@connectrpc/connect-node";
+import { runStreamingCall, runUnaryCall } from "@connectrpc/connect/protocol";
+import { requestHeader, validateResponse, validateTrailer } from "@connectrpc/connect/protocol-grpc";
+
+/**
+ * A gRPC client transport for unary and server-streaming calls that talks
+ * to the HTTP/2 stream itself: one frame out, frames in, parsed as the
+ * caller reads them. It runs the same interceptors, deadline and signal
+ * handling as connect's gRPC transport (connect's own `runUnaryCall` and
+ * `runStreamingCall`), sends the same request headers and reports the same
+ * errors, but without connect's per-call async-iterable pipeline, which is
+ * most of a small call's client-side cost. Client and bidi streams go to
+ * `fallback` (connect's transport on the same session).
+ *
+ * It never asks for compressed responses; a compressed one is an error.
+ */
+export interface LeanTransportOptions {
+  readonly baseUrl: string;
+  readonly session: Http2SessionManager;
+  readonly interceptors: readonly Interceptor[];
+  readonly readMaxBytes: number;
+  readonly writeMaxBytes: number;
+  /** Applied when a call gives no timeout, as connect's defaultTimeoutMs. */
+  readonly defaultTimeoutMs?: number | undefined;
+  /** Serves what this transport does not: client and bidi streams. */
+  readonly fallback: Transport;
+}
+
+const HEADER_BYTES = 5;
+type HeaderInit = ConstructorParameters<typeof Headers>[0];
+
+export function createLeanGrpcTransport(options: LeanTransportOptions): Transport {
+  const { baseUrl, interceptors } = options;
+  const timeoutOf = (timeoutMs: number | undefined) => (timeoutMs === undefined ? options.defaultTimeoutMs : timeoutMs <= 0 ? undefined : timeoutMs);
+  return {
+    async unary<I extends DescMessage, O extends DescMessage>(
+      method: DescMethodUnary<I, O>,
+      signal: AbortSignal | undefined,
+      timeoutMs: number | undefined,
+      header: HeaderInit | undefined,
+      message: unknown,
+      contextValues?: ContextValues,
+    ): Promise<UnaryResponse<I, O>> {
+      const timeout = timeoutOf(timeoutMs);
+      return (await runUnaryCall({
+        interceptors: interceptors as Interceptor[],
+        signal,
+        timeoutMs: timeout,
+        req: {
+          stream: false,
+          service: method.parent,
+          method,
+          requestMethod: "POST",
+          url: `${baseUrl}/${method.parent.typeName}/${method.name}`,
+          header: requestHeader(true, timeout, header),
+          contextValues: contextValues ?? createContextValues(),
+          message,
+        } as never,
+        next: async (req: UnaryRequest) => {
+          const exchange = await Exchange.open(options, method, req.header, req.signal, req.message);
+          const out = await exchange.only();
+          return { stream: false, service: method.parent, method, header: exchange.header, trailer: exchange.trailer, message: out } as never;
+        },
+      })) as UnaryResponse<I, O>;
+    },
+
+    async stream<I extends DescMessage, O extends DescMessage>(
+      method: DescMethodStreaming<I, O>,
+      signal: AbortSignal | undefined,
+      timeoutMs: number | undefined,
+      header: HeaderInit | undefined,
+      input: AsyncIterable<unknown>,
+      contextValues?: ContextValues,
+    ): Promise<StreamResponse<I, O>> {
+      if (method.methodKind !== "server_streaming") return options.fallback.stream(method, signal, timeoutMs, header, input as never, contextValues);
+      const timeout = timeoutOf(timeoutMs);
+      return (await runStreamingCall({
+        interceptors: interceptors as Interceptor[],
+        signal,
+        timeoutMs: timeout,
+        req: {
+          stream: true,
+          service: method.parent,
+          method,
+          requestMethod: "POST",
+          url: `${baseUrl}/${method.parent.typeName}/${method.name}`,
+          header: requestHeader(true, timeout, header),
+          contextValues: contextValues ?? createContextValues(),
+          message: input,
+        } as never,
+        next: async (req: StreamRequest) => {
+          const only = await single(req.message);
+          const exchange = await Exchange.open(options, method, req.header, req.signal, only);
+          return { ...req, header: exchange.header, trailer: exchange.trailer, message: exchange.messages() } as never;
+        },
+      })) as StreamResponse<I, O>;
+    },
+  };
+}
+
+async function single(input: AsyncIterable<unknown>): Promise<unknown> {
+  const it = input[Symbol.asyncIterator]();
+  const first = await it.next();
+  if (first.done === true) throw new ConnectError("protocol error: missing request message", Code.Internal);
+  await it.return?.();
+  return first.value;
+}
+
+/** Web headers to the node form `session.request` takes (lower-case names, repeated ones as lists). */
+function nodeHeaders(headers: Headers): OutgoingHttpHeaders {
+  const out: OutgoingHttpHeaders = {};
+  headers.forEach((value, name) => {
+    const existing = out[name];
+    if (existing === undefined) out[name] = value;
+    else if (Array.isArray(existing)) existing.push(value);
+    else out[name] = [String(existing), value];
+  });
+  return out;
+}
+
+function webHeaders(incoming: IncomingHttpHeaders, into = new Headers()): Headers {
+  for (const name of Object.keys(incoming)) {
+    if (name.startsWith(":")) continue;
+    const value = incoming[name];
+    if (value === undefined) continue;
+    if (Array.isArray(value)) for (const v of value) into.append(name, v);
+    else into.append(name, String(value));
+  }
+  return into;
+}
+
+/** As connect-node reports a stream reset by the peer. */
+function resetError(code: number): ConnectError | undefined {
+  const text = (name: string) => `http/2 stream closed with error code ${name} (0x${code.toString(16)})`;
+  switch (code) {
+    case h2.NGHTTP2_NO_ERROR:
+    case h2.NGHTTP2_STREAM_CLOSED:
+      return undefined;
+    case h2.NGHTTP2_REFUSED_STREAM:
+      return new ConnectError(text("REFUSED_STREAM"), Code.Unavailable);
+    case h2.NGHTTP2_CANCEL:
+      return new ConnectError(text("CANCEL"), Code.Canceled);
+    case h2.NGHTTP2_ENHANCE_YOUR_CALM:
+      return new ConnectError(text("ENHANCE_YOUR_CALM"), Code.ResourceExhausted);
+    case h2.NGHTTP2_INADEQUATE_SECURITY:
+      return new ConnectError(text("INADEQUATE_SECURITY"), Code.PermissionDenied);
+    case h2.NGHTTP2_HTTP_1_1_REQUIRED:
+      return new ConnectError(text("HTTP_1_1_REQUIRED"), Code.PermissionDenied);
+    default:
+      return new ConnectError(`http/2 stream closed with error code 0x${code.toString(16)}`, Code.Internal);
+  }
+}
+
+/** Node stream errors as connect-node classifies them. */
+function nodeError(error: unknown): ConnectError {
+  const code = (error as { code?: unknown } | undefined)?.code;
+  const mapped =
+    code === "ERR_STREAM_WRITE_AFTER_END" || code === "ERR_STREAM_DESTROYED" || code === "ERR_HTTP2_INVALID_STREAM" || code === "ECONNRESET"
+      ? Code.Aborted
+      : code === "ETIMEDOUT" || code === "ENOTFOUND" || code === "EAI_AGAIN" || code === "ECONNREFUSED"
+        ? Code.Unavailable
+        : Code.Internal;
+  return ConnectError.from(error, mapped);
+}
+
+/**
+ * One call's HTTP/2 stream: sends the request frame, validates the response
+ * headers, splits the body into message frames (each checked against
+ * readMaxBytes from its header before it is buffered) and ends with the
+ * trailers' status. Messages wait in a queue until read; while more than
+ * a few wait, the stream is paused, so flow control holds the server back.
+ */
+class Exchange {
+  readonly header = new Headers();
+  readonly trailer = new Headers();
+  private readonly queue: Uint8Array[] = [];
+  private waiter: (() => void) | undefined;
+  private ended = false;
+  private failure: ConnectError | undefined;
+  /** The status came in the headers (trailers-only response). */
+  private headerStatus = false;
+  private partHeader: Buffer | undefined;
+  private partFilled = 0;
+  private frame: Uint8Array | undefined;
+  private frameFilled = 0;
+
+  private constructor(
+    private readonly stream: ClientHttp2Stream,
+    private readonly options: LeanTransportOptions,
+    private readonly output: DescMessage,
+  ) {}
+
+  static async open(options: LeanTransportOptions, method: DescMethod, header: Headers, signal: AbortSignal, message: unknown): Promise<Exchange> {
+    let body: Uint8Array;
+    try {
+      body = toBinary(method.input, message as never);
+    } catch (e) {
+      throw new ConnectError(`serialize binary: ${e instanceof Error ? e.message : String(e)}`, Code.Internal);
+    }
+    if (body.byteLength > options.writeMaxBytes) {
+      throw new ConnectError(`message size ${body.byteLength} is larger than configured writeMaxBytes ${options.writeMaxBytes}`, Code.ResourceExhausted);
+    }
+    signal.throwIfAborted();
+    const stream = await options.session.request("POST", `/${method.parent.typeName}/${method.name}`, nodeHeaders(header), {});
+    const exchange = new Exchange(stream, options, method.output);
+    const onAbort = () => {
+      const reason = ConnectError.from(signal.reason, Code.Canceled);
+      if (!stream.closed) stream.close(reason.code === Code.Canceled ? h2.NGHTTP2_CANCEL : h2.NGHTTP2_INTERNAL_ERROR);
+      exchange.fail(reason);
+    };
+    if (signal.aborted) onAbort();
+    else signal.addEventListener("abort", onAbort, { once: true });
+    stream.once("close", () => {
+      signal.removeEventListener("abort", onAbort);
+      exchange.closed();
+    });
+    stream.on("error", (e) => exchange.fail(nodeError(e)));
+    const frame = Buffer.allocUnsafe(HEADER_BYTES + body.byteLength);
+    frame[0] = 0;
+    frame.writeUInt32BE(body.byteLength, 1);
+    frame.set(body, HEADER_BYTES);
+    // Trailers may arrive in the same read as the headers: listen before waiting.
+    stream.once("trailers", (trailers: IncomingHttpHeaders) => webHeaders(trailers, exchange.trailer));
+    const headers = exchange.responseHeaders();
+    stream.end(frame);
+    await headers;
+    stream.on("data", (chunk: Buffer) => exchange.data(chunk));
+    stream.once("end", () => exchange.end());
+    return exchange;
+  }
+
+  /** Resolves once the response headers are in and valid (or the call failed before). */
+  private responseHeaders(): Promise<void> {
+    return new Promise((resolve, reject) => {
+      const onResponse = (headers: IncomingHttpHeaders) => {
+        this.stream.off("close", onClose);
+        webHeaders(headers, this.header);
+        try {
+          const { foundStatus, headerError } = validateResponse(Number(headers[":status"] ?? 0), this.header);
+          if (headerError) throw headerError;
+          this.headerStatus = foundStatus;
+          resolve();
+        } catch (error) {
+          this.stream.close(h2.NGHTTP2_CANCEL);
+          reject(error as Error);
+        }
+      };
+      const onClose = () => reject(this.failure ?? resetError(this.stream.rstCode ?? h2.NGHTTP2_INTERNAL_ERROR) ?? new ConnectError("the stream closed before the response headers", Code.Unavailable));
+      this.stream.once("response", onResponse);
+      this.stream.once("close", onClose);
+    });
+  }
+
+  data(chunk: Buffer): void {
+    this.options.session.notifyResponseByteRead(this.stream);
+    let at = 0;
+    while (at < chunk.length && this.failure === undefined) {
+      if (this.frame === undefined) {
+        let flags: number;
+        let length: number;
+        if (this.partFilled === 0 && chunk.length - at >= HEADER_BYTES) {
+          flags = chunk[at]!;
+          length = chunk.readUInt32BE(at + 1);
+          at += HEADER_BYTES;
+        } else {
+          const part = (this.partHeader ??= Buffer.allocUnsafe(HEADER_BYTES));
+          const take = Math.min(HEADER_BYTES - this.partFilled, chunk.length - at);
+          chunk.copy(part, this.partFilled, at, at + take);
+          this.partFilled += take;
+          at += take;
+          if (this.partFilled < HEADER_BYTES) return;
+          this.partFilled = 0;
+          flags = part[0]!;
+          length = part.readUInt32BE(1);
+        }
+        if ((flags & 0x01) !== 0) {
+          this.abort(new ConnectError("received a compressed response message, but no compression was negotiated", Code.Internal));
+          return;
+        }
+        if (length > this.options.readMaxBytes) {
+          this.abort(new ConnectError(`message size ${length} is larger than configured readMaxBytes ${this.options.readMaxBytes}`, Code.ResourceExhausted));
+          return;
+        }
+        if (chunk.length - at >= length) {
+          this.push(chunk.subarray(at, at + length));
+          at += length;
+          continue;
+        }
+        this.frame = new Uint8Array(length);
+        this.frameFilled = 0;
+        continue;
+      }
+      const take = Math.min(this.frame.length - this.frameFilled, chunk.length - at);
+      this.frame.set(chunk.subarray(at, at + take), this.frameFilled);
+      this.frameFilled += take;
+      at += take;
+      if (this.frameFilled === this.frame.length) {
+        const done = this.frame;
+        this.frame = undefined;
+        this.push(done);
+      }
+    }
+  }
+
+  private push(bytes: Uint8Array): void {
+    this.queue.push(bytes);
+    // Hold the server back through flow control while the reader lags.
+    if (this.queue.length > 16) this.stream.pause();
+    this.wake();
+  }
+
+  end(): void {
+    if (this.frame !== undefined || this.partFilled > 0) this.fail(new ConnectError("protocol error: incomplete envelope", Code.InvalidArgument));
+    this.ended = true;
+    this.wake();
+  }
+
+  /** The stream closed: a reset before the end is the call's failure. */
+  closed(): void {
+    if (!this.ended && this.failure === undefined) {
+      this.fail(resetError(this.stream.rstCode ?? h2.NGHTTP2_INTERNAL_ERROR) ?? new ConnectError("the stream closed before the response ended", Code.Unavailable));
+    }
+    this.ended = true;
+    this.wake();
+  }
+
+  fail(error: ConnectError): void {
+    this.failure ??= error;
+    this.wake();
+  }
+
+  private abort(error: ConnectError): void {
+    this.fail(error);
+    if (!this.stream.closed) this.stream.close(h2.NGHTTP2_CANCEL);
+  }
+
+  private wake(): void {
+    const waiter = this.waiter;
+    this.waiter = undefined;
+    waiter?.();
+  }
+
+  /** The next message's bytes, or undefined at the end (after the trailers' status checked out). */
+  private async next(): Promise<Uint8Array | undefined> {
+    for (;;) {
+      if (this.failure !== undefined) throw this.failure;
+      const bytes = this.queue.shift();
+      if (bytes !== undefined) {
+        if (this.queue.length <= 4 && this.stream.isPaused()) this.stream.resume();
+        return bytes;
+      }
+      if (this.ended) {
+        if (!this.headerStatus) validateTrailer(this.trailer, this.header);
+        return undefined;
+      }
+      await new Promise<void>((resolve) => (this.waiter = resolve));
+    }
+  }
+
+  private parse(bytes: Uint8Array): unknown {
+    try {
+      return fromBinary(this.output, bytes);
+    } catch (e) {
+      throw new ConnectError(`parse binary: ${e instanceof Error ? e.message : String(e)}`, Code.Internal);
+    }
+  }
+
+  /** A unary call's one message. */
+  async only(): Promise<unknown> {
+    const first = await this.next();
+    if (first === undefined) {
+      throw new ConnectError("protocol error: missing output message for unary method", this.trailer.has("grpc-status") ? Code.Unimplemented : Code.Unknown);
+    }
+    const message = this.parse(first);
+    if ((await this.next()) !== undefined) throw new ConnectError("protocol error: received extra output message for unary method", Code.Unimplemented);
+    return message;
+  }
+
+  /** A server stream's messages, parsed as they are read. */
+  messages(): AsyncIterable<unknown> {
+    return {
+      [Symbol.asyncIterator]: () => ({
+        next: async (): Promise<IteratorResult<unknown>> => {
+          const bytes = await this.next();
+          return bytes === undefined ? { done: true, value: undefined } : { done: false, value: this.parse(bytes) };
+        },
+        return: async (): Promise<IteratorResult<unknown>> => {
+          if (!this.stream.closed) this.stream.close(h2.NGHTTP2_CANCEL);
+          this.ended = true;
+          return { done: true, value: undefined };
+        },
+      }),
+    };
+  }
+}
