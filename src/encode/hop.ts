@@ -181,7 +181,13 @@ function hopMetrics(registry: Registry, lifecycle: () => EncoderLifecycle) {
   };
 }
 
-function createHop(ctx: ModuleContext<EncodeHopConfig>) {
+/** Points where a test holds a call (never set in production). */
+export interface HopSeams {
+  /** Runs after the encode step and before the downstream call; `encoded` when the request now carries a result. */
+  readonly afterEncode?: (call: { readonly encoded: boolean; readonly signal: AbortSignal }) => Promise<void>;
+}
+
+function createHop(ctx: ModuleContext<EncodeHopConfig>, seams: HopSeams) {
   const config = ctx.config;
   // The lifecycle gauge reads the router at scrape time; it exists by then.
   const holder: { router?: EncoderRouter } = {};
@@ -270,6 +276,7 @@ function createHop(ctx: ModuleContext<EncodeHopConfig>) {
       const started = performance.now();
       const prepared = await router.prepare(request, { requestId, signal: handler.signal, ...(timeoutMs !== undefined ? { timeoutMs } : {}) });
       if (attempted) metrics.duration.observe({ outcome: prepared === request ? "fallback" : "encoded" }, (performance.now() - started) / 1000);
+      await seams.afterEncode?.({ encoded: prepared !== request, signal: handler.signal });
       const call = { headers: { "x-request-id": requestId }, contextValues: outboundContextValues(handler) };
       if (prepared !== request && handler.signal.aborted) {
         // The Encode worker handed out a transfer handle: the receiver must
@@ -335,9 +342,14 @@ function createHop(ctx: ModuleContext<EncodeHopConfig>) {
  * a static pool) and forwarded with the encoder result; everything else,
  * and everything the hop cannot encode, is forwarded unchanged.
  */
-export const encodeHopModule = defineModule({
-  name: "encodeHop",
-  description: "The multimodal Encode hop in front of a token worker",
-  configSchema: encodeHopConfigSchema,
-  create: (ctx) => createHop(ctx),
-});
+export const encodeHopModule = defineEncodeHopModule();
+
+/** The `encodeHop` module with test seams (encodeHopModule has none). */
+export function defineEncodeHopModule(seams: HopSeams = {}) {
+  return defineModule({
+    name: "encodeHop",
+    description: "The multimodal Encode hop in front of a token worker",
+    configSchema: encodeHopConfigSchema,
+    create: (ctx) => createHop(ctx, seams),
+  });
+}

@@ -1,10 +1,14 @@
 import * as http2 from "node:http2";
 import type { AddressInfo } from "node:net";
 import { expect } from "chai";
-import { createClient } from "@connectrpc/connect";
+import { Code, ConnectError, createClient } from "@connectrpc/connect";
+import { z } from "zod";
 import { EncodeHopService, Lifecycle } from "../../gen/mmgate/encode/v1/encode_pb.js";
 import { Health, HealthCheckResponse_ServingStatus as S } from "../../gen/grpc/health/v1/health_pb.js";
+import { TokenWorkerService } from "../../gen/mmgate/llm/v1/token_worker_pb.js";
 import { encodeHopModule, encodeWorkerModule, tokenWorkerModule } from "../../src/encode/index.js";
+import { defineEncodeHopModule } from "../../src/encode/hop.js";
+import { bindService, defineModule } from "../../src/server/index.js";
 import { mediaModule } from "../../src/media/index.js";
 import { eventually, grpcServerStream, startServer, type InProcessServer } from "../support/index.js";
 import { encodeRaw, pattern } from "../media/fixtures.js";
@@ -176,6 +180,54 @@ describe("encode: an Encode worker that dies mid-stream", () => {
     } finally {
       await server.close();
       dying.close();
+    }
+  });
+});
+
+describe("encode: a caller that leaves after the encode", () => {
+  it("still gets the encoded request to the token worker (it owns the transfer), and the caller sees CANCELED", async () => {
+    // A token worker that records the requests that reached it.
+    const received: { encoded: boolean; mediaItems: number }[] = [];
+    const recordingTokenWorker = defineModule({
+      name: "recordingTokenWorker",
+      description: "test: records each request",
+      configSchema: z.object({}),
+      create: () => ({
+        services: [
+          bindService(TokenWorkerService, {
+            async *generate(req) {
+              // The hop's start-up probe is not a request.
+              if (req.request?.isProbe !== true) received.push({ encoded: req.request?.encoderResult !== undefined, mediaItems: req.request?.multiModalData["image"]?.items.length ?? 0 });
+              yield { output: {} };
+            },
+          }),
+        ],
+      }),
+    });
+    const caller = new AbortController();
+    // The seam holds the call between the encode and the downstream call
+    // until the caller has gone and the hop has seen it.
+    const hopModule = defineEncodeHopModule({
+      afterEncode: async ({ encoded, signal }) => {
+        if (!encoded) return;
+        caller.abort();
+        await eventually(() => expect(signal.aborted, "the hop sees the caller gone").to.equal(true));
+      },
+    });
+    const png = await encodeRaw(pattern(16 * 16 * 3), 16, 16, 3, "png");
+    const server = await startServer({ modules: [mediaModule, encodeWorkerModule, recordingTokenWorker, hopModule] });
+    try {
+      const hop = createClient(EncodeHopService, server.transport);
+      await eventually(async () => expect((await hop.getStatus({})).lifecycle).to.equal(Lifecycle.ACTIVE));
+      const request = { tokenIds: [1], multiModalData: { image: { items: [{ data: { case: "url" as const, value: `data:image/png;base64,${png.toString("base64")}` } }] } } };
+      const outcome = await (async () => {
+        for await (const _ of hop.generate({ request }, { signal: caller.signal })) void _;
+        return "completed";
+      })().catch((e: unknown) => ConnectError.from(e).code);
+      expect(outcome).to.equal(Code.Canceled);
+      await eventually(() => expect(received).to.deep.equal([{ encoded: true, mediaItems: 1 }]));
+    } finally {
+      await server.close();
     }
   });
 });
