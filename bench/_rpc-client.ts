@@ -13,15 +13,25 @@
  *   -> {"calls":N,"failures":F,"failure":"first failure"|null,"seconds":S,"rps":R,
  *       "bytesPerSecond":B,"p50":ms|null,"p99":ms|null,"serverCpuUs":µs|null}   or   {"error":"..."}
  *
+ * Two optional fields extend it:
+ * - "replies": ["<base64>", ...] in place of expect, reply and replyLength:
+ *   the exact messages each call must receive, in this order (for a stream
+ *   whose messages differ, e.g. a token worker's outputs);
+ * - "cpuPids": [1234, 5678, ...]: more processes (the client's own pid
+ *   included, if wanted) whose CPU time per successful call over the
+ *   measured window the answer reports as "cpuUs": [µs|null, ...], in the
+ *   same order (null where /proc has no such process).
+ *
  * Every command opens a fresh connection, keeps `inFlight` calls open on it
  * for the warm-up and then for the measured duration, and closes it. Each
  * call sends `request` as its one message. It succeeds when its status is
  * OK and exactly `expect` messages arrived, each `replyLength` bytes long
  * and starting with the bytes of `reply` (the whole message when it is that
  * long; for big messages a prefix, so that checking them does not cost the
- * generator more than receiving them). A call that fails any of that is
- * counted as a failure, not as a call; a lost connection ends the command
- * with an error.
+ * generator more than receiving them) -- or, with `replies`, when exactly
+ * those messages arrived, byte for byte and in order. A call that fails any
+ * of that is counted as a failure, not as a call; a lost connection ends
+ * the command with an error.
  *
  * bytesPerSecond counts the response bytes received in successful calls,
  * gRPC frame headers included. With "serverPid", serverCpuUs is the server
@@ -48,18 +58,45 @@ interface Command {
   stream: boolean;
   /** The request message, base64. */
   request: string;
-  /** Messages each call must receive. */
-  expect: number;
-  /** What each response message starts with, base64. */
-  reply: string;
-  /** Each response message's length. */
-  replyLength: number;
+  /** Messages each call must receive (without `replies`). */
+  expect?: number;
+  /** What each response message starts with, base64 (without `replies`). */
+  reply?: string;
+  /** Each response message's length (without `replies`). */
+  replyLength?: number;
+  /** The exact messages each call must receive, in order, base64; replaces expect, reply and replyLength. */
+  replies?: string[];
   inFlight: number;
   warmupMs: number;
   durationMs: number;
   client?: "http2" | "grpc-js";
   /** The server's process id: its CPU time over the measured window is reported when /proc has it. */
   serverPid?: number;
+  /** More process ids whose CPU time per call over the measured window is reported, as `cpuUs`. */
+  cpuPids?: number[];
+}
+
+/** What each call must receive: `count` messages, the i-th `length` bytes long and starting with `prefix`. */
+interface Expected {
+  count: number;
+  /** The i-th message's expectation; undefined past the last one. */
+  at(i: number): { prefix: Buffer; length: number } | undefined;
+}
+
+function expectation(cmd: Command): Expected {
+  if (cmd.replies !== undefined) {
+    const replies = cmd.replies.map((r) => {
+      const prefix = Buffer.from(r, "base64");
+      return { prefix, length: prefix.length };
+    });
+    return { count: replies.length, at: (i) => replies[i] };
+  }
+  const { expect, reply, replyLength } = cmd;
+  if (expect === undefined || reply === undefined || replyLength === undefined) {
+    throw new Error('a command needs "replies", or "expect", "reply" and "replyLength"');
+  }
+  const one = { prefix: Buffer.from(reply, "base64"), length: replyLength };
+  return { count: expect, at: (i) => (i < expect ? one : undefined) };
 }
 
 /** One finished call: its response bytes, or why it failed. */
@@ -84,7 +121,7 @@ function frame(message: Buffer): Buffer {
   return out;
 }
 
-function http2Client(cmd: Command, reply: Buffer): Client {
+function http2Client(cmd: Command, expected: Expected): Client {
   const session = http2.connect(`http://${cmd.addr}`, { settings: { initialWindowSize: STREAM_WINDOW } });
   const ready = new Promise<void>((resolve, reject) => {
     session.once("connect", () => {
@@ -116,11 +153,13 @@ function http2Client(cmd: Command, reply: Buffer): Client {
       let bytes = 0;
       let messages = 0;
       // The frame header being read (5 bytes, possibly split over chunks),
-      // then the message body: `left` bytes still to come, `at` read so far.
+      // then the message body: `left` bytes still to come, `at` read so far,
+      // `want` what it must start with (nothing once the call has failed).
       const header = Buffer.alloc(5);
       let headerFill = 0;
       let left = -1;
       let at = 0;
+      let want: Buffer | undefined;
       const fail = (why: string) => (error ??= why);
       stream.on("response", (h) => {
         if (h[":status"] !== 200) fail(`HTTP ${h[":status"]}`);
@@ -142,11 +181,18 @@ function http2Client(cmd: Command, reply: Buffer): Client {
             if (headerFill < 5) break;
             left = header.readUInt32BE(1);
             at = 0;
-            if (header[0] !== 0 || left !== cmd.replyLength) fail(`a message of ${left} bytes (flags ${header[0]}), not ${cmd.replyLength}`);
+            const next = expected.at(messages);
+            want = next?.prefix;
+            if (next === undefined) fail(`more than ${expected.count} messages`);
+            else if (header[0] !== 0 || left !== next.length) fail(`message ${messages + 1}: ${left} bytes (flags ${header[0]}), not ${next.length}`);
+            if (error !== undefined) want = undefined;
           } else {
             const n = Math.min(left, chunk.length - off);
-            const checked = Math.min(n, reply.length - at);
-            if (checked > 0 && chunk.compare(reply, at, at + checked, off, off + checked) !== 0) fail("unexpected content");
+            const checked = want === undefined ? 0 : Math.min(n, want.length - at);
+            if (checked > 0 && chunk.compare(want!, at, at + checked, off, off + checked) !== 0) {
+              fail(`message ${messages + 1}: unexpected content`);
+              want = undefined;
+            }
             at += n;
             off += n;
             left -= n;
@@ -161,14 +207,14 @@ function http2Client(cmd: Command, reply: Buffer): Client {
       stream.on("error", (err) => fail(err.message));
       stream.on("close", () => {
         if (error === undefined && status !== "0") fail(`grpc-status ${status}`);
-        if (error === undefined && (messages !== cmd.expect || headerFill !== 0 || left >= 0)) fail(`${messages} messages, ${cmd.expect} expected`);
+        if (error === undefined && (messages !== expected.count || headerFill !== 0 || left >= 0)) fail(`${messages} messages, ${expected.count} expected`);
         resolve(error === undefined ? { bytes } : { failure: error });
       });
     });
   return { call, close: () => session.close(), ready };
 }
 
-function grpcJsClient(cmd: Command, reply: Buffer): Client {
+function grpcJsClient(cmd: Command, expected: Expected): Client {
   // A channel of its own: the default global subchannel pool would hand the
   // previous command's connection to this one.
   const client = new grpc.Client(cmd.addr, grpc.credentials.createInsecure(), {
@@ -181,13 +227,17 @@ function grpcJsClient(cmd: Command, reply: Buffer): Client {
   const ready = new Promise<void>((resolve, reject) =>
     client.waitForReady(Date.now() + 10_000, (err) => (err ? reject(err) : resolve())),
   );
-  const expected = (msg: Buffer) => msg.length === cmd.replyLength && msg.compare(reply, 0, reply.length, 0, reply.length) === 0;
+  const matches = (msg: Buffer, i: number) => {
+    const want = expected.at(i);
+    return want !== undefined && msg.length === want.length && msg.compare(want.prefix, 0, want.prefix.length, 0, want.prefix.length) === 0;
+  };
   const call: Call = !cmd.stream
     ? () =>
         new Promise((resolve) => {
           client.makeUnaryRequest(cmd.path, raw, raw, request, (err, msg) => {
             if (err) resolve({ failure: err.message });
-            else if (!msg || !expected(msg)) resolve({ failure: "unexpected content" });
+            else if (!msg || !matches(msg, 0)) resolve({ failure: "unexpected content" });
+            else if (expected.count !== 1) resolve({ failure: `1 message, ${expected.count} expected` });
             else resolve({ bytes: 5 + msg.length });
           });
         })
@@ -198,16 +248,16 @@ function grpcJsClient(cmd: Command, reply: Buffer): Client {
           let bytes = 0;
           let bad = false;
           stream.on("data", (msg: Buffer) => {
+            if (!matches(msg, messages)) bad = true;
             messages++;
             bytes += 5 + msg.length;
-            if (!expected(msg)) bad = true;
           });
           // The status event follows an error too; it settles the call.
           stream.on("error", () => undefined);
           stream.on("status", (s: grpc.StatusObject) => {
             if (s.code !== grpc.status.OK) resolve({ failure: `status ${s.code}: ${s.details}` });
             else if (bad) resolve({ failure: "unexpected content" });
-            else if (messages !== cmd.expect) resolve({ failure: `${messages} messages, ${cmd.expect} expected` });
+            else if (messages !== expected.count) resolve({ failure: `${messages} messages, ${expected.count} expected` });
             else resolve({ bytes });
           });
         });
@@ -269,19 +319,24 @@ async function drive(call: Call, inFlight: number, ms: number): Promise<Driven> 
 }
 
 async function run(cmd: Command) {
-  const reply = Buffer.from(cmd.reply, "base64");
-  const client = cmd.client === "grpc-js" ? grpcJsClient(cmd, reply) : http2Client(cmd, reply);
+  const expected = expectation(cmd);
+  const client = cmd.client === "grpc-js" ? grpcJsClient(cmd, expected) : http2Client(cmd, expected);
   try {
     await client.ready;
     await drive(client.call, cmd.inFlight, cmd.warmupMs);
+    const pids = cmd.cpuPids ?? [];
     const cpu0 = cpuSeconds(cmd.serverPid);
+    const cpus0 = pids.map((pid) => cpuSeconds(pid));
     const { latencies, bytes, failures, failure, seconds } = await drive(client.call, cmd.inFlight, cmd.durationMs);
     const cpu1 = cpuSeconds(cmd.serverPid);
+    const cpus1 = pids.map((pid) => cpuSeconds(pid));
     latencies.sort((a, b) => a - b);
     const pick = (q: number) => latencies[Math.min(latencies.length - 1, Math.floor(q * latencies.length))] ?? null;
     const calls = latencies.length;
-    const serverCpuUs = cpu0 === undefined || cpu1 === undefined || calls === 0 ? null : ((cpu1 - cpu0) * 1e6) / calls;
-    return { calls, failures, failure, seconds, rps: calls / seconds, bytesPerSecond: bytes / seconds, p50: pick(0.5), p99: pick(0.99), serverCpuUs };
+    const perCall = (a: number | undefined, b: number | undefined) => (a === undefined || b === undefined || calls === 0 ? null : ((b - a) * 1e6) / calls);
+    const serverCpuUs = perCall(cpu0, cpu1);
+    const answer = { calls, failures, failure, seconds, rps: calls / seconds, bytesPerSecond: bytes / seconds, p50: pick(0.5), p99: pick(0.99), serverCpuUs };
+    return cmd.cpuPids === undefined ? answer : { ...answer, cpuUs: pids.map((_, i) => perCall(cpus0[i], cpus1[i])) };
   } finally {
     client.close();
   }
