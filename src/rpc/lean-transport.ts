@@ -7,6 +7,7 @@ import { Code, ConnectError, createContextValues } from "@connectrpc/connect";
 import type { Http2SessionManager } from "@connectrpc/connect-node";
 import { runStreamingCall, runUnaryCall } from "@connectrpc/connect/protocol";
 import { requestHeader, validateResponse, validateTrailer } from "@connectrpc/connect/protocol-grpc";
+import { serializeChunked } from "../server/index.js";
 
 /**
  * A gRPC client transport for unary and server-streaming calls that talks
@@ -33,6 +34,10 @@ export interface LeanTransportOptions {
 }
 
 const HEADER_BYTES = 5;
+/** Messages up to this size go out in one buffer with their frame header. */
+const COPY_MAX_BYTES = 16 * 1024;
+/** A top-level bytes field from this size on is written from the caller's buffer. */
+const CHUNKED_MIN_BYTES = 64 * 1024;
 type HeaderInit = ConstructorParameters<typeof Headers>[0];
 
 export function createLeanGrpcTransport(options: LeanTransportOptions): Transport {
@@ -181,7 +186,8 @@ class Exchange {
   readonly trailer = new Headers();
   private readonly queue: Uint8Array[] = [];
   private waiter: (() => void) | undefined;
-  private ended = false;
+  /** The response ended, or the stream closed. */
+  ended = false;
   private failure: ConnectError | undefined;
   /** The status came in the headers (trailers-only response). */
   private headerStatus = false;
@@ -197,19 +203,23 @@ class Exchange {
   ) {}
 
   static async open(options: LeanTransportOptions, method: DescMethod, header: Headers, signal: AbortSignal, message: unknown): Promise<Exchange> {
-    let body: Uint8Array;
+    // A big top-level bytes field goes out from the caller's buffer, not copied (message-chunks.ts).
+    let parts: Uint8Array[];
     try {
-      body = toBinary(method.input, message as never);
+      parts = serializeChunked(method.input, message as Record<string, unknown>, CHUNKED_MIN_BYTES) ?? [toBinary(method.input, message as never)];
     } catch (e) {
       throw new ConnectError(`serialize binary: ${e instanceof Error ? e.message : String(e)}`, Code.Internal);
     }
-    if (body.byteLength > options.writeMaxBytes) {
-      throw new ConnectError(`message size ${body.byteLength} is larger than configured writeMaxBytes ${options.writeMaxBytes}`, Code.ResourceExhausted);
+    const length = parts.reduce((sum, p) => sum + p.byteLength, 0);
+    if (length > options.writeMaxBytes) {
+      throw new ConnectError(`message size ${length} is larger than configured writeMaxBytes ${options.writeMaxBytes}`, Code.ResourceExhausted);
     }
     signal.throwIfAborted();
     const stream = await options.session.request("POST", `/${method.parent.typeName}/${method.name}`, nodeHeaders(header), {});
     const exchange = new Exchange(stream, options, method.output);
     const onAbort = () => {
+      // connect aborts the call's signal once the call is over, too: nothing to cancel then.
+      if (exchange.ended) return;
       const reason = ConnectError.from(signal.reason, Code.Canceled);
       if (!stream.closed) stream.close(reason.code === Code.Canceled ? h2.NGHTTP2_CANCEL : h2.NGHTTP2_INTERNAL_ERROR);
       exchange.fail(reason);
@@ -221,14 +231,21 @@ class Exchange {
       exchange.closed();
     });
     stream.on("error", (e) => exchange.fail(nodeError(e)));
-    const frame = Buffer.allocUnsafe(HEADER_BYTES + body.byteLength);
-    frame[0] = 0;
-    frame.writeUInt32BE(body.byteLength, 1);
-    frame.set(body, HEADER_BYTES);
     // Trailers may arrive in the same read as the headers: listen before waiting.
     stream.once("trailers", (trailers: IncomingHttpHeaders) => webHeaders(trailers, exchange.trailer));
     const headers = exchange.responseHeaders();
-    stream.end(frame);
+    const frameHeader = Buffer.allocUnsafe(HEADER_BYTES);
+    frameHeader[0] = 0;
+    frameHeader.writeUInt32BE(length, 1);
+    if (parts.length === 1 && length <= COPY_MAX_BYTES) {
+      // Small: one buffer, one DATA frame.
+      stream.end(Buffer.concat([frameHeader, parts[0]!]));
+    } else {
+      stream.cork();
+      stream.write(frameHeader);
+      for (let i = 0; i < parts.length - 1; i++) stream.write(parts[i]!);
+      stream.end(parts[parts.length - 1]);
+    }
     await headers;
     stream.on("data", (chunk: Buffer) => exchange.data(chunk));
     stream.once("end", () => exchange.end());

@@ -19,3 +19,4 @@ export { bindService, defineModule } from "./module.js";
 export { HealthRegistry, Readiness, ServingStatus } from "./health.js";
 export { Access } from "./auth.js";
 export { requestIdOf } from "./rpc-observer.js";
+export { serializeChunked } from "./message-chunks.js";
