@@ -5,6 +5,8 @@ import { fromBinary, toBinary } from "@bufbuild/protobuf";
 import type { ContextValues, Interceptor, StreamRequest, StreamResponse, Transport, UnaryRequest, UnaryResponse } from "@connectrpc/connect";
 import { Code, ConnectError, createContextValues } from "@connectrpc/connect";
 import type { Http2SessionManager } from "@connectrpc/connect-node";
+import { compressionBrotli, compressionGzip } from "@connectrpc/connect-node";
+import type { Compression } from "@connectrpc/connect/protocol";
 import { runStreamingCall, runUnaryCall } from "@connectrpc/connect/protocol";
 import { requestHeader, validateResponse, validateTrailer } from "@connectrpc/connect/protocol-grpc";
 import { serializeChunked } from "../server/index.js";
@@ -19,7 +21,9 @@ import { serializeChunked } from "../server/index.js";
  * most of a small call's client-side cost. Client and bidi streams go to
  * `fallback` (connect's transport on the same session).
  *
- * It never asks for compressed responses; a compressed one is an error.
+ * It never asks for compressed responses (tensors and frames barely
+ * compress, and compressing costs the server); a server that compresses
+ * anyway with gzip or br is still understood.
  */
 export interface LeanTransportOptions {
   readonly baseUrl: string;
@@ -140,6 +144,14 @@ function webHeaders(incoming: IncomingHttpHeaders, into = new Headers()): Header
   return into;
 }
 
+/** A frame flagged compressed, decompressed when it is read. */
+class Compressed {
+  constructor(readonly bytes: Uint8Array) {}
+}
+
+/** The response encodings read (the same connect-node's transport accepts); never asked for. */
+const DECOMPRESSORS: readonly Compression[] = [compressionGzip, compressionBrotli];
+
 /** As connect-node reports a stream reset by the peer. */
 function resetError(code: number): ConnectError | undefined {
   const text = (name: string) => `http/2 stream closed with error code ${name} (0x${code.toString(16)})`;
@@ -184,13 +196,19 @@ function nodeError(error: unknown): ConnectError {
 class Exchange {
   readonly header = new Headers();
   readonly trailer = new Headers();
-  private readonly queue: Uint8Array[] = [];
+  private readonly queue: (Uint8Array | Compressed)[] = [];
   private waiter: (() => void) | undefined;
   /** The response ended, or the stream closed. */
-  ended = false;
+  private ended = false;
+  /** The caller read to the end (or got the failure): its signal has nothing left to cancel. */
+  finished = false;
   private failure: ConnectError | undefined;
-  /** The status came in the headers (trailers-only response). */
+  /** The headers carried a grpc-status (a trailers-only response, or a server that sent one early). */
   private headerStatus = false;
+  /** The error status the headers carried, if any. */
+  private headerError: ConnectError | undefined;
+  /** How compressed frames are decompressed (the response's grpc-encoding). */
+  private compression: Compression | undefined;
   private partHeader: Buffer | undefined;
   private partFilled = 0;
   private frame: Uint8Array | undefined;
@@ -200,6 +218,7 @@ class Exchange {
     private readonly stream: ClientHttp2Stream,
     private readonly options: LeanTransportOptions,
     private readonly output: DescMessage,
+    private readonly unary: boolean,
   ) {}
 
   static async open(options: LeanTransportOptions, method: DescMethod, header: Headers, signal: AbortSignal, message: unknown): Promise<Exchange> {
@@ -216,20 +235,18 @@ class Exchange {
     }
     signal.throwIfAborted();
     const stream = await options.session.request("POST", `/${method.parent.typeName}/${method.name}`, nodeHeaders(header), {});
-    const exchange = new Exchange(stream, options, method.output);
+    const exchange = new Exchange(stream, options, method.output, method.methodKind === "unary");
     const onAbort = () => {
-      // connect aborts the call's signal once the call is over, too: nothing to cancel then.
-      if (exchange.ended) return;
+      // connect aborts the call's signal once the caller has its answer, too: nothing to cancel then.
+      // Before that an abort fails the call, even when the response is already in.
+      if (exchange.finished) return;
       const reason = ConnectError.from(signal.reason, Code.Canceled);
       if (!stream.closed) stream.close(reason.code === Code.Canceled ? h2.NGHTTP2_CANCEL : h2.NGHTTP2_INTERNAL_ERROR);
       exchange.fail(reason);
     };
     if (signal.aborted) onAbort();
     else signal.addEventListener("abort", onAbort, { once: true });
-    stream.once("close", () => {
-      signal.removeEventListener("abort", onAbort);
-      exchange.closed();
-    });
+    stream.once("close", () => exchange.closed());
     stream.on("error", (e) => exchange.fail(nodeError(e)));
     // Trailers may arrive in the same read as the headers: listen before waiting.
     stream.once("trailers", (trailers: IncomingHttpHeaders) => webHeaders(trailers, exchange.trailer));
@@ -260,15 +277,24 @@ class Exchange {
         webHeaders(headers, this.header);
         try {
           const { foundStatus, headerError } = validateResponse(Number(headers[":status"] ?? 0), this.header);
-          if (headerError) throw headerError;
+          // Frames flagged compressed are read with the response's encoding, as connect's transport does.
+          const encoding = this.header.get("grpc-encoding");
+          if (encoding !== null && encoding.toLowerCase() !== "identity") {
+            this.compression = DECOMPRESSORS.find((c) => c.name === encoding);
+            if (this.compression === undefined) throw new ConnectError(`unsupported response encoding "${encoding}"`, Code.Internal, this.header);
+          }
+          // A stream fails at once on an error status in the headers; a unary call reads on, as connect does.
+          if (headerError && !this.unary) throw headerError;
           this.headerStatus = foundStatus;
+          this.headerError = headerError;
           resolve();
         } catch (error) {
           this.stream.close(h2.NGHTTP2_CANCEL);
           reject(error as Error);
         }
       };
-      const onClose = () => reject(this.failure ?? resetError(this.stream.rstCode ?? h2.NGHTTP2_INTERNAL_ERROR) ?? new ConnectError("the stream closed before the response headers", Code.Unavailable));
+      const onClose = () =>
+        reject(this.failure ?? resetError(this.stream.rstCode ?? h2.NGHTTP2_INTERNAL_ERROR) ?? new ConnectError("the stream closed before the response headers", Code.Unavailable));
       this.stream.once("response", onResponse);
       this.stream.once("close", onClose);
     });
@@ -296,14 +322,11 @@ class Exchange {
           flags = part[0]!;
           length = part.readUInt32BE(1);
         }
-        if ((flags & 0x01) !== 0) {
-          this.abort(new ConnectError("received a compressed response message, but no compression was negotiated", Code.Internal));
-          return;
-        }
         if (length > this.options.readMaxBytes) {
           this.abort(new ConnectError(`message size ${length} is larger than configured readMaxBytes ${this.options.readMaxBytes}`, Code.ResourceExhausted));
           return;
         }
+        this.frameFlags = flags;
         if (chunk.length - at >= length) {
           this.push(chunk.subarray(at, at + length));
           at += length;
@@ -325,15 +348,26 @@ class Exchange {
     }
   }
 
+  private frameFlags = 0;
+
   private push(bytes: Uint8Array): void {
-    this.queue.push(bytes);
+    if ((this.frameFlags & 0x01) !== 0) {
+      if (this.compression === undefined) {
+        this.abort(new ConnectError("received compressed envelope, but do not know how to decompress", Code.Internal));
+        return;
+      }
+      this.queue.push(new Compressed(bytes));
+    } else this.queue.push(bytes);
     // Hold the server back through flow control while the reader lags.
     if (this.queue.length > 16) this.stream.pause();
     this.wake();
   }
 
   end(): void {
-    if (this.frame !== undefined || this.partFilled > 0) this.fail(new ConnectError("protocol error: incomplete envelope", Code.InvalidArgument));
+    // A reset can arrive as the end of the stream (Node emits "end" with the code already set).
+    const reset = resetError(this.stream.rstCode ?? h2.NGHTTP2_NO_ERROR);
+    if (reset !== undefined) this.fail(reset);
+    else if (this.frame !== undefined || this.partFilled > 0) this.fail(new ConnectError("protocol error: incomplete envelope", Code.InvalidArgument));
     this.ended = true;
     this.wake();
   }
@@ -365,18 +399,25 @@ class Exchange {
 
   /** The next message's bytes, or undefined at the end (after the trailers' status checked out). */
   private async next(): Promise<Uint8Array | undefined> {
-    for (;;) {
-      if (this.failure !== undefined) throw this.failure;
-      const bytes = this.queue.shift();
-      if (bytes !== undefined) {
-        if (this.queue.length <= 4 && this.stream.isPaused()) this.stream.resume();
-        return bytes;
+    try {
+      for (;;) {
+        if (this.failure !== undefined) throw this.failure;
+        const entry = this.queue.shift();
+        if (entry !== undefined) {
+          if (this.queue.length <= 4 && this.stream.isPaused()) this.stream.resume();
+          return entry instanceof Compressed ? await this.compression!.decompress(entry.bytes, this.options.readMaxBytes) : entry;
+        }
+        if (this.ended) {
+          // A unary call checks the trailers even after a status in the headers (connect does).
+          if (this.unary || !this.headerStatus) validateTrailer(this.trailer, this.header);
+          this.finished = true;
+          return undefined;
+        }
+        await new Promise<void>((resolve) => (this.waiter = resolve));
       }
-      if (this.ended) {
-        if (!this.headerStatus) validateTrailer(this.trailer, this.header);
-        return undefined;
-      }
-      await new Promise<void>((resolve) => (this.waiter = resolve));
+    } catch (error) {
+      this.finished = true;
+      throw error;
     }
   }
 
@@ -388,14 +429,16 @@ class Exchange {
     }
   }
 
-  /** A unary call's one message. */
+  /** A unary call's one message, with connect's checks of a status the headers carried. */
   async only(): Promise<unknown> {
     const first = await this.next();
     if (first === undefined) {
+      if (this.headerError) throw this.headerError;
       throw new ConnectError("protocol error: missing output message for unary method", this.trailer.has("grpc-status") ? Code.Unimplemented : Code.Unknown);
     }
     const message = this.parse(first);
     if ((await this.next()) !== undefined) throw new ConnectError("protocol error: received extra output message for unary method", Code.Unimplemented);
+    if (this.headerError) throw new ConnectError("protocol error: received output message for unary method with error status", Code.Unknown);
     return message;
   }
 
@@ -410,6 +453,7 @@ class Exchange {
         return: async (): Promise<IteratorResult<unknown>> => {
           if (!this.stream.closed) this.stream.close(h2.NGHTTP2_CANCEL);
           this.ended = true;
+          this.finished = true;
           return { done: true, value: undefined };
         },
       }),
