@@ -9,7 +9,7 @@ import { compressionBrotli, compressionGzip } from "@connectrpc/connect-node";
 import type { Compression } from "@connectrpc/connect/protocol";
 import { runStreamingCall, runUnaryCall } from "@connectrpc/connect/protocol";
 import { requestHeader, validateResponse, validateTrailer } from "@connectrpc/connect/protocol-grpc";
-import { serializeChunked } from "../server/index.js";
+import { h2ResetError, serializeChunked } from "../server/index.js";
 
 /**
  * A gRPC client transport for unary and server-streaming calls that talks
@@ -152,26 +152,10 @@ class Compressed {
 /** The response encodings read (the same connect-node's transport accepts); never asked for. */
 const DECOMPRESSORS: readonly Compression[] = [compressionGzip, compressionBrotli];
 
-/** As connect-node reports a stream reset by the peer. */
+/** As connect-node reports a stream reset by the peer; a code it does not know is an internal error here. */
 function resetError(code: number): ConnectError | undefined {
-  const text = (name: string) => `http/2 stream closed with error code ${name} (0x${code.toString(16)})`;
-  switch (code) {
-    case h2.NGHTTP2_NO_ERROR:
-    case h2.NGHTTP2_STREAM_CLOSED:
-      return undefined;
-    case h2.NGHTTP2_REFUSED_STREAM:
-      return new ConnectError(text("REFUSED_STREAM"), Code.Unavailable);
-    case h2.NGHTTP2_CANCEL:
-      return new ConnectError(text("CANCEL"), Code.Canceled);
-    case h2.NGHTTP2_ENHANCE_YOUR_CALM:
-      return new ConnectError(text("ENHANCE_YOUR_CALM"), Code.ResourceExhausted);
-    case h2.NGHTTP2_INADEQUATE_SECURITY:
-      return new ConnectError(text("INADEQUATE_SECURITY"), Code.PermissionDenied);
-    case h2.NGHTTP2_HTTP_1_1_REQUIRED:
-      return new ConnectError(text("HTTP_1_1_REQUIRED"), Code.PermissionDenied);
-    default:
-      return new ConnectError(`http/2 stream closed with error code 0x${code.toString(16)}`, Code.Internal);
-  }
+  if (code === h2.NGHTTP2_NO_ERROR || code === h2.NGHTTP2_STREAM_CLOSED) return undefined;
+  return h2ResetError(code) ?? new ConnectError(`http/2 stream closed with error code 0x${code.toString(16)}`, Code.Internal);
 }
 
 /** Node stream errors as connect-node classifies them. */

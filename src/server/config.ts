@@ -57,9 +57,10 @@ export const hostConfigSchema = z.strictObject({
   rpc: z
     .strictObject({
       /**
-       * Serve unary and server-streaming gRPC calls on the host's lean path
-       * (the same interceptors, limits and wire, a fraction of the per-call
-       * cost); false sends every call through connect's handler.
+       * Serve unary and server-streaming gRPC calls, and unary Connect calls,
+       * on the host's lean path (the same interceptors, limits and wire, a
+       * fraction of the per-call cost); false sends every call through
+       * connect's handler.
        */
       fastPath: z.boolean().default(true),
       /**

@@ -1,30 +1,50 @@
 import type { IncomingHttpHeaders, OutgoingHttpHeaders, ServerHttp2Stream } from "node:http2";
-import type { DescMessage, DescMethod, DescService } from "@bufbuild/protobuf";
-import { create, fromBinary, isMessage, toBinary } from "@bufbuild/protobuf";
-import type { ContextKey, ContextValues, HandlerContext, Interceptor, StreamRequest, StreamResponse, UnaryRequest, UnaryResponse } from "@connectrpc/connect";
+import type { DescMessage, DescService } from "@bufbuild/protobuf";
+import { fromBinary } from "@bufbuild/protobuf";
+import type { StreamRequest, StreamResponse, UnaryRequest, UnaryResponse } from "@connectrpc/connect";
 import { Code, ConnectError } from "@connectrpc/connect";
 import { parseTimeout, setTrailerStatus } from "@connectrpc/connect/protocol-grpc";
-import { serializeChunked } from "./message-chunks.js";
-import type { ObservedCall, RpcObserver } from "./rpc-observer.js";
-import { rpcRecordKey } from "./rpc-observer.js";
+import type { BodyReader, CallHost, FastPathOptions, Impl, Route } from "./fast-path-call.js";
+import {
+  LeanCall,
+  SingleInput,
+  cutUnreadRequest,
+  httpDate,
+  ignoreError,
+  invokeMethod,
+  negotiatedEncoding,
+  onStreamClose,
+  onWantTrailers,
+  resetStream,
+  setAll,
+  stopReading,
+  uncork,
+} from "./fast-path-call.js";
+import { ConnectCall, connectUnaryFormat } from "./fast-path-connect.js";
+import type { ObservedCall } from "./rpc-observer.js";
+
+export type { FastPathOptions } from "./fast-path-call.js";
 
 /**
  * The host's lean request path: unary and server-streaming calls over the
  * gRPC protocol with protobuf messages and no request compression, which
- * is nearly every call a gRPC client makes. It decodes the request, runs
- * the same interceptors and the same `ServiceImpl` method connect would,
- * and encodes the answer straight onto the HTTP/2 stream, without connect's
- * per-call async-iterable pipeline, without the HTTP/1 compatibility
- * objects, and without abort machinery no one listens to: a call's
- * `AbortSignal`, request `Headers` and response `Headers` exist only once a
- * handler or interceptor reads them.
+ * is nearly every call a gRPC client makes, and unary calls over the
+ * Connect protocol (POST, binary or JSON, uncompressed; fast-path-connect.ts).
+ * It decodes the request, runs the same interceptors and the same
+ * `ServiceImpl` method connect would, and encodes the answer straight onto
+ * the HTTP/2 stream, without connect's per-call async-iterable pipeline,
+ * without the HTTP/1 compatibility objects, and without abort machinery no
+ * one listens to: a call's `AbortSignal`, request `Headers` and response
+ * `Headers` exist only once a handler or interceptor reads them
+ * (fast-path-call.ts, shared by both protocols).
  *
- * What a client sees is what connect's gRPC handler sends: the same
- * headers (content type, x-request-id, date), the same trailers, error
+ * What a client sees is what connect's handler for the protocol sends: the
+ * same headers (content type, x-request-id, date), the same trailers, error
  * codes and messages, size limits, deadline parsing, and the same
  * treatment of an unread request body. Anything else (other protocols,
- * compressed requests, client and bidi streams, a response that may be
- * compressed) is left to connect: `serve` returns false.
+ * compressed requests, client and bidi streams, Connect streams and GET
+ * requests, a response that may be compressed) is left to connect: `serve`
+ * returns false.
  */
 
 /** The frame header: one flags byte and a big-endian u32 length. */
@@ -32,38 +52,9 @@ const HEADER_BYTES = 5;
 const FLAG_COMPRESSED = 0x01;
 /** Messages up to this size are copied behind their header into one write; larger ones are written as they are. */
 const COPY_MAX_BYTES = 16 * 1024;
-/** A top-level bytes field from this size on is sent from the handler's buffer, not copied (message-chunks.ts). */
-const CHUNKED_MIN_BYTES = 64 * 1024;
-
-type Impl = (input: unknown, ctx: HandlerContext) => unknown;
-
-interface Route {
-  readonly method: DescMethod;
-  readonly impl: Impl;
-  readonly streaming: boolean;
-}
-
-export interface FastPathOptions {
-  readonly interceptors: readonly Interceptor[];
-  readonly observer: RpcObserver;
-  /** Counts the calls taken. */
-  readonly taken: { inc(): void };
-  /** Largest request message, as connect's readMaxBytes. */
-  readonly readMaxBytes: number;
-  /** Largest response message, as connect's writeMaxBytes. */
-  readonly writeMaxBytes: number;
-  /** Upper bound on a client's deadline; undefined: none. */
-  readonly maxTimeoutMs: number | undefined;
-  /** Aborts the signals of calls still running when the grace is over. */
-  readonly shutdownSignal: AbortSignal;
-  /** Whether the listener is TLS, for the URL handlers see. */
-  readonly tls: boolean;
-  /** Leave calls whose client accepts compressed responses to connect (response compression is on). */
-  readonly declineCompressible: boolean;
-}
 
 /** The lean path's routes and the entry point for an HTTP/2 stream. */
-export class FastPath {
+export class FastPath implements CallHost {
   private readonly routes = new Map<string, Route>();
   /** The interceptors applied around a call's method, built once per route. */
   private readonly chains = new Map<Route, (req: UnaryRequest | StreamRequest) => Promise<unknown>>();
@@ -92,12 +83,24 @@ export class FastPath {
     const route = this.routes.get(path);
     if (route === undefined) return false;
     const type = headers["content-type"];
-    if (type !== "application/grpc" && type !== "application/grpc+proto") return false;
-    const encoding = headers["grpc-encoding"];
+    if (type === "application/grpc" || type === "application/grpc+proto") {
+      const encoding = headers["grpc-encoding"];
+      if (encoding !== undefined && encoding !== "identity") return false;
+      if (this.options.declineCompressible && negotiatedEncoding(headers["grpc-accept-encoding"]) !== undefined) return false;
+      this.options.taken.inc();
+      const call = new GrpcCall(this, route, stream, headers, this.options.observer.open(path, headers));
+      void call.run();
+      return true;
+    }
+    // Connect: unary methods only (a Connect stream has a content type of its own).
+    if (route.streaming) return false;
+    const binary = connectUnaryFormat(type);
+    if (binary === undefined) return false;
+    const encoding = headers["content-encoding"];
     if (encoding !== undefined && encoding !== "identity") return false;
-    if (this.options.declineCompressible && negotiatedEncoding(headers["grpc-accept-encoding"]) !== undefined) return false;
+    if (this.options.declineCompressible && negotiatedEncoding(headers["accept-encoding"]) !== undefined) return false;
     this.options.taken.inc();
-    const call = new GrpcCall(this, route, stream, headers, this.options.observer.open(path, headers));
+    const call = new ConnectCall(this, route, stream, headers, this.options.observer.open(path, headers), binary);
     void call.run();
     return true;
   }
@@ -117,257 +120,15 @@ export class FastPath {
   }
 }
 
-/** The request message, or the reason there is none, as a one-message stream for server-streaming interceptors. */
-class SingleInput implements AsyncIterable<unknown> {
-  constructor(readonly message: Promise<unknown>) {}
-  async *[Symbol.asyncIterator](): AsyncIterator<unknown> {
-    yield await this.message;
-  }
-}
-
-/** Tags a call's request and response objects (copied along when an interceptor spreads them). */
-const callKey = Symbol("mmgate.fastPathCall");
-type Tagged = { [callKey]?: GrpcCall };
-
-/** The innermost step of the interceptor chain: the method itself, as connect invokes it. */
-async function invokeMethod(route: Route, req: UnaryRequest | StreamRequest): Promise<unknown> {
-  const call = (req as Tagged)[callKey];
-  if (call === undefined) throw new ConnectError("an interceptor passed on a request it built itself; the lean path cannot serve it", Code.Internal);
-  const ctx = call.contextFor(req);
-  if (!route.streaming) {
-    const output = await route.impl((req as UnaryRequest).message, ctx);
-    return call.response(false, req, normalize(route.method.output, output));
-  }
-  const input = req.message instanceof SingleInput ? await req.message.message : await firstOf(req.message as AsyncIterable<unknown>);
-  const output = route.impl(input, ctx) as AsyncIterable<unknown>;
-  return call.response(true, req, normalizeAll(route.method.output, output));
-}
-
-async function firstOf(iterable: AsyncIterable<unknown>): Promise<unknown> {
-  for await (const message of iterable) return message;
-  throw new ConnectError("protocol error: missing input message for server-streaming method", Code.Unimplemented);
-}
-
-function normalize(desc: DescMessage, value: unknown): unknown {
-  return isMessage(value, desc) ? value : create(desc, value as never);
-}
-
-async function* normalizeAll(desc: DescMessage, source: AsyncIterable<unknown>): AsyncGenerator<unknown> {
-  for await (const value of source) yield normalize(desc, value);
-}
-
-let dateSecond = -1;
-let dateValue = "";
-/** The Date header, formatted once a second (the HTTP/2 compatibility layer sends one too). */
-function httpDate(): string {
-  const now = Date.now();
-  const second = Math.floor(now / 1000);
-  if (second !== dateSecond) {
-    dateSecond = second;
-    dateValue = new Date(now).toUTCString();
-  }
-  return dateValue;
-}
-
-function headersOf(incoming: IncomingHttpHeaders): Headers {
-  const out = new Headers();
-  for (const name of Object.keys(incoming)) {
-    if (name.startsWith(":")) continue;
-    const value = incoming[name];
-    if (value === undefined) continue;
-    if (Array.isArray(value)) for (const v of value) out.append(name, v);
-    else out.append(name, value);
-  }
-  return out;
-}
-
-/** Copies `from` into node headers; a name given more than once (set-cookie) becomes a list, as connect-node sends it. */
-function addTo(target: OutgoingHttpHeaders, from: Headers): void {
-  from.forEach((value, name) => {
-    const existing = target[name];
-    if (existing === undefined || name.startsWith(":")) target[name] = value;
-    else if (Array.isArray(existing)) existing.push(value);
-    else target[name] = [String(existing), value];
-  });
-}
-
-/**
- * The request object interceptors see. A class, so that its lazy getters
- * cost nothing per call; an interceptor that spreads it into a new object
- * drops them, and the call's own header and signal stand in (contextFor).
- */
-class LeanRequest {
-  readonly requestMethod = "POST";
-  readonly service: DescService;
-  readonly method: DescMethod;
-  readonly contextValues: ContextValues;
-  readonly [callKey]: GrpcCall;
-  constructor(
-    call: GrpcCall,
-    readonly stream: boolean,
-    readonly message: unknown,
-  ) {
-    this[callKey] = call;
-    this.service = call.service;
-    this.method = call.method;
-    this.contextValues = call.values;
-  }
-  get url(): string {
-    return this[callKey].url;
-  }
-  get signal(): AbortSignal {
-    return this[callKey].signal;
-  }
-  get header(): Headers {
-    return this[callKey].requestHeader;
-  }
-}
-
-/** The response object interceptors see; its header and trailer exist once read. */
-class LeanResponse {
-  readonly [callKey]: GrpcCall;
-  constructor(
-    call: GrpcCall,
-    readonly stream: boolean,
-    readonly service: DescService,
-    readonly method: DescMethod,
-    readonly message: unknown,
-  ) {
-    this[callKey] = call;
-  }
-  get header(): Headers {
-    return this[callKey].responseHeader;
-  }
-  get trailer(): Headers {
-    return this[callKey].responseTrailer;
-  }
-}
-
-/** connect's ContextValues, with its methods on a prototype rather than made per call. */
-class CallValues implements ContextValues {
-  get<T>(key: ContextKey<T>): T {
-    const own = this as unknown as Record<symbol, T>;
-    return key.id in own ? own[key.id]! : key.defaultValue;
-  }
-  set<T>(key: ContextKey<T>, value: T): this {
-    (this as unknown as Record<symbol, T>)[key.id] = value;
-    return this;
-  }
-  delete(key: ContextKey<unknown>): this {
-    delete (this as unknown as Record<symbol, unknown>)[key.id];
-    return this;
-  }
-}
-
-/**
- * Stream listeners shared by every call: the stream is `this`, its call
- * hangs off it. Closures per call would each cost an allocation (and, run
- * through tsx, a defineProperty for their name) on the hottest path.
- */
-type CallStream = ServerHttp2Stream & { [callKey]?: GrpcCall };
-function ignoreError(): void {}
-function onStreamClose(this: CallStream): void {
-  this[callKey]?.onClose();
-}
-function onWantTrailers(this: CallStream): void {
-  this[callKey]?.sendTrailers();
-}
-function onRequestData(this: CallStream, chunk: Buffer): void {
-  this[callKey]?.input?.data(chunk);
-}
-function onRequestEnd(this: CallStream): void {
-  this[callKey]?.input?.end();
-}
-
-/** One call on the lean path; also the HandlerContext its handler gets. */
-class GrpcCall implements HandlerContext {
-  readonly requestMethod = "POST";
+/** One gRPC call on the lean path; also the HandlerContext its handler gets. */
+class GrpcCall extends LeanCall {
   readonly protocolName = "grpc";
-  readonly service: DescService;
-  readonly method: DescMethod;
-  readonly values: ContextValues;
-  /** Absolute deadline (Date.now() scale), when the client sent grpc-timeout. */
-  private readonly deadline: number | undefined;
-  private readonly timeoutError: ConnectError | undefined;
-  private controller: AbortController | undefined;
-  private deadlineTimer: NodeJS.Timeout | undefined;
-  private requestHeaders: Headers | undefined;
-  private responseHeaders: Headers | undefined;
-  private responseTrailers: Headers | undefined;
   private headersSent = false;
-  /** The status code in the trailers sent; undefined until they are. */
-  private sentCode: Code | 0 | undefined;
-  /** Set once the trailers went out: the client has its status. */
-  private trailersSent = false;
-  /** Set once the stream closed, whatever the reason. */
-  private closed = false;
 
-  constructor(
-    private readonly path: FastPath,
-    private readonly route: Route,
-    private readonly stream: ServerHttp2Stream,
-    private readonly headers: IncomingHttpHeaders,
-    private readonly observed: ObservedCall,
-  ) {
-    this.method = route.method;
-    this.service = route.method.parent;
-    this.values = new CallValues().set(rpcRecordKey, observed.record);
-    (stream as CallStream)[callKey] = this;
+  constructor(path: CallHost, route: Route, stream: ServerHttp2Stream, headers: IncomingHttpHeaders, observed: ObservedCall) {
     const timeout = headers["grpc-timeout"];
-    if (typeof timeout === "string") {
-      const parsed = parseTimeout(timeout, path.options.maxTimeoutMs ?? Number.MAX_SAFE_INTEGER);
-      this.timeoutError = parsed.error;
-      if (parsed.timeoutMs !== undefined) this.deadline = Date.now() + parsed.timeoutMs;
-    }
+    super(path, route, stream, headers, observed, typeof timeout === "string" ? parseTimeout(timeout, path.options.maxTimeoutMs ?? Number.MAX_SAFE_INTEGER) : undefined);
   }
-
-  get url(): string {
-    const scheme = this.path.options.tls ? "https" : "http";
-    return `${scheme}://${this.headers[":authority"] ?? ""}${this.headers[":path"] ?? ""}`;
-  }
-
-  get requestHeader(): Headers {
-    return (this.requestHeaders ??= headersOf(this.headers));
-  }
-
-  get responseHeader(): Headers {
-    return (this.responseHeaders ??= new Headers());
-  }
-
-  get responseTrailer(): Headers {
-    return (this.responseTrailers ??= new Headers());
-  }
-
-  timeoutMs(): number | undefined {
-    return this.deadline === undefined ? undefined : this.deadline - Date.now();
-  }
-
-  /**
-   * Created on first use. It aborts like connect's: at the deadline
-   * (DEADLINE_EXCEEDED), when the server's grace is over, when the client
-   * cancels, and once the call is over.
-   */
-  get signal(): AbortSignal {
-    if (this.controller !== undefined) return this.controller.signal;
-    const controller = new AbortController();
-    this.controller = controller;
-    const shutdown = this.path.options.shutdownSignal;
-    if (this.closed) controller.abort();
-    else if (shutdown.aborted) controller.abort(shutdown.reason);
-    else {
-      shutdown.addEventListener("abort", this.onShutdown);
-      if (this.deadline !== undefined) {
-        const left = this.deadline - Date.now();
-        if (left <= 0) controller.abort(deadlineExceeded());
-        else this.deadlineTimer = setTimeout(() => controller.abort(deadlineExceeded()), left);
-      }
-    }
-    return controller.signal;
-  }
-
-  private readonly onShutdown = (): void => {
-    this.controller?.abort(this.path.options.shutdownSignal.reason);
-  };
 
   async run(): Promise<void> {
     const stream = this.stream;
@@ -380,7 +141,7 @@ class GrpcCall implements HandlerContext {
         const res = (await chain(req)) as UnaryResponse;
         this.adopt(res, "header");
         this.adopt(res, "trailer");
-        this.sendMessage(this.serialize(res.message), true);
+        this.sendMessage(this.serializeBinary(res.message), true);
       } else {
         const input = this.readInput();
         // Read at once, so that an oversized request is refused as it
@@ -397,48 +158,6 @@ class GrpcCall implements HandlerContext {
     }
   }
 
-  /** The request the interceptors see; its signal and header exist once read. */
-  private request(streaming: boolean, message: unknown): UnaryRequest | StreamRequest {
-    const req = new LeanRequest(this, streaming, message);
-    this.originalRequest = req;
-    return req as unknown as UnaryRequest | StreamRequest;
-  }
-
-  private originalRequest: object | undefined;
-  private originalResponse: object | undefined;
-
-  /**
-   * The handler's context: the call itself, unless an interceptor passed on
-   * a request of its own; then, as connect's mergeRequest does, the
-   * request's service, header, signal and values over the call's.
-   */
-  contextFor(req: UnaryRequest | StreamRequest): HandlerContext {
-    if (req === this.originalRequest) return this;
-    // A spread copy of the request lacks the lazy getters: the call's own stand in.
-    return Object.defineProperties(Object.create(this) as HandlerContext, {
-      service: { value: req.service },
-      requestHeader: { value: (req.header as Headers | undefined) ?? this.requestHeader },
-      signal: { value: (req.signal as AbortSignal | undefined) ?? this.signal },
-      values: { value: req.contextValues },
-    });
-  }
-
-  /** The response the method returns through the interceptors; its header and trailer exist once read. */
-  response(streaming: boolean, req: UnaryRequest | StreamRequest, message: unknown): UnaryResponse | StreamResponse {
-    const res = new LeanResponse(this, streaming, req.service, req.method, message);
-    this.originalResponse = res;
-    return res as unknown as UnaryResponse | StreamResponse;
-  }
-
-  /** Takes an interceptor's header or trailer object when it is not the call's own (connect copies it over). */
-  private adopt(res: UnaryResponse | StreamResponse, field: "header" | "trailer"): void {
-    if (res === this.originalResponse) return;
-    const given = res[field] as Headers | undefined;
-    if (given === undefined) return;
-    if (field === "header" && given !== this.responseHeaders) this.responseHeaders = given;
-    if (field === "trailer" && given !== this.responseTrailers) this.responseTrailers = given;
-  }
-
   /** Writes every message of a server stream, waiting while the client's window is full. */
   private async writeAll(messages: AsyncIterable<unknown>): Promise<void> {
     const it = messages[Symbol.asyncIterator]();
@@ -450,7 +169,7 @@ class GrpcCall implements HandlerContext {
           done = true;
           return;
         }
-        if (!this.sendMessage(this.serialize(next.value), false)) await this.drained();
+        if (!this.sendMessage(this.serializeBinary(next.value), false)) await this.drained();
       }
     } finally {
       // The client left, or a message could not be sent: the method's
@@ -471,29 +190,6 @@ class GrpcCall implements HandlerContext {
     });
   }
 
-  /** The message's bytes: one buffer, or (a big top-level bytes field) chunks that concatenate to it. */
-  private serialize(message: unknown): Uint8Array | Uint8Array[] {
-    let bytes: Uint8Array | Uint8Array[];
-    let length: number;
-    try {
-      const chunks = serializeChunked(this.method.output, message as Record<string, unknown>, CHUNKED_MIN_BYTES);
-      if (chunks === undefined) {
-        bytes = toBinary(this.method.output, message as never);
-        length = bytes.byteLength;
-      } else {
-        bytes = chunks;
-        length = chunks.reduce((sum, c) => sum + c.byteLength, 0);
-      }
-    } catch (e) {
-      throw new ConnectError(`serialize binary: ${e instanceof Error ? e.message : String(e)}`, Code.Internal);
-    }
-    const max = this.path.options.writeMaxBytes;
-    if (length > max) {
-      throw new ConnectError(`message size ${length} is larger than configured writeMaxBytes ${max}`, Code.ResourceExhausted);
-    }
-    return bytes;
-  }
-
   private respond(): void {
     this.headersSent = true;
     const head: OutgoingHttpHeaders = {
@@ -506,8 +202,15 @@ class GrpcCall implements HandlerContext {
     // nothing (its frames then carry flag 0): the same header here.
     const encoding = negotiatedEncoding(this.headers["grpc-accept-encoding"]);
     if (encoding !== undefined) head["grpc-encoding"] = encoding;
-    if (this.responseHeaders !== undefined) addTo(head, this.responseHeaders);
-    this.stream.respond(head, { waitForTrailers: true });
+    if (this.responseHeaders !== undefined) setAll(head, this.responseHeaders);
+    try {
+      this.stream.respond(head, { waitForTrailers: true });
+    } catch (e) {
+      // Headers Node refuses to send (a connection-specific one a handler
+      // set): the stream is reset rather than left without an answer.
+      resetStream(this.stream);
+      throw e;
+    }
     this.stream.once("wantTrailers", onWantTrailers);
   }
 
@@ -516,7 +219,7 @@ class GrpcCall implements HandlerContext {
   sendTrailers(): void {
     try {
       this.stream.sendTrailers(this.trailers);
-      this.trailersSent = true;
+      this.answered = true;
     } catch {
       // The client reset the stream meanwhile.
     }
@@ -581,29 +284,9 @@ class GrpcCall implements HandlerContext {
     setTrailerStatus(target, status);
     this.sentCode = status?.code ?? 0;
     const out: OutgoingHttpHeaders = {};
-    addTo(out, target);
+    setAll(out, target);
     return out;
   }
-
-  onClose(): void {
-    this.closed = true;
-    this.input?.abort();
-    clearTimeout(this.deadlineTimer);
-    this.path.options.shutdownSignal.removeEventListener("abort", this.onShutdown);
-    if (this.controller !== undefined && !this.controller.signal.aborted) {
-      // As connect's request signal: a reset is a cancellation; a normal end aborts without a reason.
-      const code = this.stream.rstCode;
-      if (code !== undefined && code !== 0 && this.sentCode === undefined) {
-        this.controller.abort(new ConnectError(`http/2 stream closed with error code ${code}`, Code.Canceled));
-      } else this.controller.abort();
-    }
-    // A response cut short (reset by the client, cut at the grace) gave the
-    // client no status: CANCELLED, or the status the interceptor recorded.
-    this.path.options.observer.close(this.observed, this.trailersSent && this.sentCode !== undefined ? this.sentCode : (this.observed.record.code ?? Code.Canceled));
-  }
-
-  /** The request body's reader while it is read. */
-  input: InputReader | undefined;
 
   /**
    * Reads the request's one message (see InputReader); a bad deadline
@@ -612,10 +295,7 @@ class GrpcCall implements HandlerContext {
   private readInput(): Promise<unknown> {
     if (this.timeoutError !== undefined) return Promise.reject(this.timeoutError);
     const reader = new InputReader(this.stream, this.method.input, this.path.options.readMaxBytes, this.route.streaming ? "server-streaming" : "unary");
-    this.input = reader;
-    const stream = this.stream;
-    stream.on("data", onRequestData);
-    stream.once("end", onRequestEnd);
+    this.listenToBody(reader);
     return reader.message;
   }
 }
@@ -630,7 +310,7 @@ class GrpcCall implements HandlerContext {
  * "incomplete envelope" even when only its header arrived (connect then
  * answers as if the frame were absent).
  */
-class InputReader {
+class InputReader implements BodyReader {
   readonly message: Promise<unknown>;
   private resolve!: (message: unknown) => void;
   private reject!: (error: ConnectError) => void;
@@ -752,41 +432,11 @@ class InputReader {
 
   private settle(): void {
     this.settled = true;
-    this.stream.off("data", onRequestData);
-    this.stream.off("end", onRequestEnd);
+    stopReading(this.stream);
   }
-}
-
-/** The encodings the host accepts, in connect-node's order. */
-const ENCODINGS = ["gzip", "br"];
-let lastAccepted: string | undefined;
-let lastNegotiated: string | undefined;
-
-/** The first encoding in the client's grpc-accept-encoding that the host has (as connect's negotiation picks it). */
-function negotiatedEncoding(accepted: string | string[] | undefined): string | undefined {
-  if (accepted === undefined || accepted === "") return undefined;
-  const text = Array.isArray(accepted) ? accepted.join(",") : accepted;
-  // Clients send the same value on every call: remember the last answer.
-  if (text !== lastAccepted) {
-    lastAccepted = text;
-    lastNegotiated = text.split(",").map((n) => n.trim()).find((n) => ENCODINGS.includes(n));
-  }
-  return lastNegotiated;
-}
-
-function cutUnreadRequest(stream: ServerHttp2Stream): void {
-  if (!stream.readableEnded && !stream.destroyed) stream.destroy();
-}
-
-function uncork(stream: ServerHttp2Stream): void {
-  stream.uncork();
 }
 
 function writeHeader(target: Buffer, length: number): void {
   target[0] = 0;
   target.writeUInt32BE(length, 1);
-}
-
-function deadlineExceeded(): ConnectError {
-  return new ConnectError("the operation timed out", Code.DeadlineExceeded);
 }

@@ -20,3 +20,4 @@ export { HealthRegistry, Readiness, ServingStatus } from "./health.js";
 export { Access } from "./auth.js";
 export { requestIdOf } from "./rpc-observer.js";
 export { serializeChunked } from "./message-chunks.js";
+export { h2ResetError } from "./h2-reset.js";

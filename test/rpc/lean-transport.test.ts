@@ -661,9 +661,11 @@ interface Row extends CallPlan {
 
 /**
  * The host's events for `tag` once the handler has finished (`last` is its
- * final event). With `deadline`, an abort reason of DEADLINE_EXCEEDED or
- * CANCELED reads "aborted:deadline": the host's own timer (from grpc-timeout)
- * and the client's reset at its deadline race, and either may abort the handler first.
+ * final event). With `deadline`, an abort reason of DEADLINE_EXCEEDED,
+ * CANCELED or INTERNAL reads "aborted:deadline": the host's own timer (from
+ * grpc-timeout) and the client's reset at its deadline (RST_STREAM
+ * INTERNAL_ERROR, which the host reports as connect-node does) race, and
+ * either may abort the handler first.
  */
 const hostView =
   (last: "aborted" | "finally", deadline = false) =>
@@ -671,7 +673,8 @@ const hostView =
     eventually(() => {
       const list = hostEvents.get(tag) ?? [];
       expect(list.some((e) => e === last || e.startsWith(`${last}:`) || e === "not-aborted"), `host events of ${tag}: ${list.join(", ")}`).to.equal(true);
-      return deadline ? list.map((e) => (e === "aborted:DeadlineExceeded" || e === "aborted:Canceled" ? "aborted:deadline" : e)) : [...list];
+      const raced = new Set(["aborted:DeadlineExceeded", "aborted:Canceled", "aborted:Internal"]);
+      return deadline ? list.map((e) => (raced.has(e) ? "aborted:deadline" : e)) : [...list];
     });
 
 /** How the raw server's stream for `tag` closed. */

@@ -13,6 +13,8 @@ export interface RawH2Request {
   readonly body?: Uint8Array;
   /** Whether the client ends its side after the body (true by default). */
   readonly endStream?: boolean;
+  /** END_STREAM on the HEADERS frame itself: no DATA frame at all (`body` is then ignored). */
+  readonly headersOnly?: boolean;
   /** How long to wait for the stream to close before cancelling it (5 s by default). */
   readonly timeoutMs?: number;
 }
@@ -58,7 +60,7 @@ export function connectH2(addr: string, options: http2.ClientSessionOptions = {}
 
 /** Starts one request on `session`; `response` settles when the stream closes or the timeout passes. */
 export function startRawH2(session: http2.ClientHttp2Session, request: RawH2Request): RawH2Call {
-  const stream = session.request(request.headers, { endStream: false });
+  const stream = session.request(request.headers, { endStream: request.headersOnly ?? false });
   const response = new Promise<RawH2Response>((resolve) => {
     let headers: http2.IncomingHttpHeaders | undefined;
     let trailers: http2.IncomingHttpHeaders | undefined;
@@ -91,6 +93,7 @@ export function startRawH2(session: http2.ClientHttp2Session, request: RawH2Requ
       });
     });
   });
+  if (request.headersOnly ?? false) return { stream, response };
   if (request.endStream ?? true) stream.end(request.body ?? new Uint8Array(0));
   else if (request.body !== undefined && request.body.byteLength > 0) stream.write(request.body);
   return { stream, response };
