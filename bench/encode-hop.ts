@@ -22,6 +22,10 @@
  *   On a 2-core machine the hop case runs three busy processes (generator,
  *   hop, token worker) where the direct case runs two, so the rates there
  *   are bound by the cores, and CPU per call says more than calls/s.
+ * - The same with the token worker pausing before each token
+ *   (tokenWorker.tokenIntervalMs, BENCH_TOKEN_INTERVAL_MS): a real engine
+ *   spends milliseconds per token, and this run shows what the hop adds to
+ *   such a call rather than to an RPC that does nothing.
  *
  * Then, in-process figures kept for reference (the load generator is a
  * connect client in the bench's own process, so its cost is charged to the
@@ -38,7 +42,8 @@
  *   request), so the remainder is the hop's own cost.
  *
  * Env: BENCH_ROUNDS (9), BENCH_MS per all-processes measurement (2000),
- * BENCH_WARMUP_MS before each (500), BENCH_CALLS (calls per in-process
+ * BENCH_WARMUP_MS before each (500), BENCH_TOKEN_INTERVAL_MS (the paced
+ * run's pause before each token, 5), BENCH_CALLS (calls per in-process
  * passthrough sample, 400), BENCH_IN_FLIGHT (16). MMGATE_* variables reach
  * both server processes (e.g. MMGATE_RPC__FAST_PATH=false). Exits 1 when a
  * checked call fails. Run: node --import tsx bench/encode-hop.ts
@@ -68,6 +73,8 @@ const CALLS = Number(process.env.BENCH_CALLS ?? 400);
 const IN_FLIGHT = Number(process.env.BENCH_IN_FLIGHT ?? 16);
 const DURATION_MS = Number(process.env.BENCH_MS ?? 2000);
 const WARMUP_MS = Number(process.env.BENCH_WARMUP_MS ?? 500);
+/** The paced run's pause before each token: a fast engine's decode step. */
+const PACE_MS = Number(process.env.BENCH_TOKEN_INTERVAL_MS ?? 5);
 const TARGET_LATENCY = 1.3;
 const TARGET_THROUGHPUT = 0.7;
 
@@ -183,21 +190,30 @@ const text = create(PreprocessedRequestSchema, { tokenIds: [1, 2, 3, 4], stopCon
 
 let failedCalls = 0;
 let tokenWorker: Server | undefined;
+let pacedWorker: Server | undefined;
 let hopServer: Server | undefined;
 let generator: ReturnType<typeof startLoadGenerator> | undefined;
 let host: Host | undefined;
 let remoteHost: Host | undefined;
 
-/** The all-processes passthrough: the figures the targets are judged on. */
-async function allProcesses(): Promise<void> {
+/**
+ * The all-processes passthrough: the figures the targets are judged on.
+ * `paceMs` is the token worker's pause before each token
+ * (tokenWorker.tokenIntervalMs): 0 streams as fast as it can, so the
+ * ratios measure RPC overhead alone; a few ms stands in for an engine's
+ * decode step, so they measure what the hop adds to a real call.
+ */
+async function allProcesses(paceMs: number): Promise<void> {
   generator = startLoadGenerator();
-  tokenWorker = await startMmgate("token-worker", ["token-worker"]);
+  const worker = await startMmgate(`token-worker-${paceMs}ms`, ["token-worker", ...(paceMs > 0 ? ["--set", `tokenWorker.tokenIntervalMs=${paceMs}`] : [])]);
+  if (paceMs === 0) tokenWorker = worker;
+  else pacedWorker = worker;
   hopServer = await startMmgate("hop", [
     "serve",
     "--modules",
     "encodeHop",
     "--set",
-    `encodeHop.downstream=${tokenWorker.address}`,
+    `encodeHop.downstream=${worker.address}`,
     "--set",
     "encodeHop.encoders.discovery=off",
   ]);
@@ -206,7 +222,7 @@ async function allProcesses(): Promise<void> {
   // them and protobuf-es encodes them again: the exact sequence every call,
   // direct or through the hop, must receive.
   const replies: Uint8Array[] = [];
-  const tokens = createClient(TokenWorkerService, createGrpcTransport({ baseUrl: `http://${tokenWorker.address}` }));
+  const tokens = createClient(TokenWorkerService, createGrpcTransport({ baseUrl: `http://${worker.address}` }));
   for await (const res of tokens.generate({ request: text })) replies.push(toBinary(GenerateResponseSchema, res));
   const b64 = (bytes: Uint8Array) => Buffer.from(bytes).toString("base64");
   const expected = replies.map(b64);
@@ -223,7 +239,7 @@ async function allProcesses(): Promise<void> {
     generator: number | null;
   }
   const command = (kind: Kind, warmupMs: number, durationMs: number) => ({
-    addr: kind === "hop" ? hopServer!.address : tokenWorker!.address,
+    addr: kind === "hop" ? hopServer!.address : worker.address,
     path: kind === "hop" ? `/${EncodeHopService.typeName}/${EncodeHopService.method.generate.name}` : `/${TokenWorkerService.typeName}/${TokenWorkerService.method.generate.name}`,
     stream: true,
     request: b64(
@@ -236,7 +252,7 @@ async function allProcesses(): Promise<void> {
     warmupMs,
     durationMs,
     client: "http2",
-    cpuPids: kind === "hop" ? [hopServer!.pid, tokenWorker!.pid, generator!.pid] : [tokenWorker!.pid, generator!.pid],
+    cpuPids: kind === "hop" ? [hopServer!.pid, worker.pid, generator!.pid] : [worker.pid, generator!.pid],
   });
   let firstFailure: string | undefined;
   const measure = async (kind: Kind, warmupMs: number, durationMs: number): Promise<Sample> => {
@@ -276,7 +292,8 @@ async function allProcesses(): Promise<void> {
       `(+${WARMUP_MS} ms warm-up), median (min–max) over rounds\n` +
       `  load generator bench/_rpc-client.ts (raw node:http2, one connection, ${IN_FLIGHT} calls in flight); ` +
       `hop \`mmgate serve --modules encodeHop\` (encoders.discovery off, downstream the token worker); ` +
-      `token worker \`mmgate token-worker\`; both servers at log level info\n` +
+      `token worker \`mmgate token-worker\`, ${paceMs > 0 ? `pausing ${paceMs} ms before each token (tokenIntervalMs, standing in for an engine's decode step)` : "streaming as fast as it can (RPC overhead alone)"}; ` +
+      `both servers at log level info\n` +
       `  every call checked against the token worker's ${replies.length} messages (${replyBytes} bytes), byte for byte`,
   );
   for (const kind of ["hop", "direct"] as const) {
@@ -319,12 +336,13 @@ async function allProcesses(): Promise<void> {
   }
   if (firstFailure !== undefined) console.log(`  ${failedCalls} calls failed their check, the first: ${firstFailure}`);
   console.log(
-    `\ntargets (all processes): latency p50 ${median(p50Ratio).toFixed(2)}x, target <= ${TARGET_LATENCY}x: ${verdict(median(p50Ratio) <= TARGET_LATENCY)}; ` +
+    `\ntargets (all processes, token worker ${paceMs > 0 ? `pacing ${paceMs} ms per token` : "unpaced"}): latency p50 ${median(p50Ratio).toFixed(2)}x, target <= ${TARGET_LATENCY}x: ${verdict(median(p50Ratio) <= TARGET_LATENCY)}; ` +
       `throughput ${median(rpsRatio).toFixed(2)}x, target >= ${TARGET_THROUGHPUT}x: ${verdict(median(rpsRatio) >= TARGET_THROUGHPUT)}`,
   );
 
   await stop(generator.proc, "stdin");
   await stop(hopServer.proc, "SIGTERM");
+  if (paceMs > 0) await stop(worker.proc, "SIGTERM");
 }
 
 /** The in-process figures, for reference. */
@@ -430,14 +448,16 @@ async function inProcess(): Promise<void> {
 
 let ok = false;
 try {
-  await allProcesses();
+  await allProcesses(0);
+  console.log();
+  await allProcesses(PACE_MS);
   await inProcess();
   ok = true;
 } finally {
   await remoteHost?.shutdown().catch(() => undefined);
   await host?.shutdown().catch(() => undefined);
   if (generator) await stop(generator.proc, "stdin");
-  for (const server of [hopServer, tokenWorker]) if (server) await stop(server.proc, "SIGTERM");
+  for (const server of [hopServer, tokenWorker, pacedWorker]) if (server) await stop(server.proc, "SIGTERM");
   if (ok && failedCalls === 0) rmSync(logDir, { recursive: true, force: true });
   else console.log(`\nthe servers' logs are kept in ${logDir}`);
 }

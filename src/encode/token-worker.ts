@@ -11,6 +11,7 @@ import {
   type GenerateResponse,
 } from "../../gen/mmgate/llm/v1/token_worker_pb.js";
 import { bindService, defineModule } from "../server/index.js";
+import { delay } from "../util/index.js";
 
 /** The `tokenWorker` config section; every key defaulted, so `{}` parses. */
 export const tokenWorkerConfigSchema = z.strictObject({
@@ -20,6 +21,12 @@ export const tokenWorkerConfigSchema = z.strictObject({
   defaultMaxTokens: z.number().int().min(0).max(65_536).default(8),
   /** Token ids are drawn from [0, vocabSize). */
   vocabSize: z.number().int().min(1).max(2 ** 32 - 1).default(32_000),
+  /**
+   * Pause before each generated token, standing in for an engine's decode
+   * step when trying the system or measuring what the hop adds to a real
+   * call; 0 (the default) streams as fast as it can.
+   */
+  tokenIntervalMs: z.number().int().min(0).max(60_000).default(0),
 });
 
 export type TokenWorkerConfig = z.output<typeof tokenWorkerConfigSchema>;
@@ -82,6 +89,7 @@ export function createTokenWorkerService(config: TokenWorkerConfig): ServiceImpl
     const count = Math.min(requested, config.maxTokens);
     const seed = promptSeed(request?.tokenIds ?? []);
     for (let position = 0; position < count; position++) {
+      if (config.tokenIntervalMs > 0) await delay(config.tokenIntervalMs, ctx.signal);
       ctx.signal.throwIfAborted();
       yield output({ outputType: OutputType.TEXT, tokenIds: [demoToken(seed, position, config.vocabSize)], index: 0 });
     }

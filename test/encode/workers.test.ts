@@ -2,7 +2,7 @@ import { expect } from "chai";
 import * as http from "node:http";
 import { toJson, type MessageInitShape } from "@bufbuild/protobuf";
 import { ValueSchema } from "@bufbuild/protobuf/wkt";
-import { createClient, type Client } from "@connectrpc/connect";
+import { Code, ConnectError, createClient, type Client } from "@connectrpc/connect";
 import { EncodeWorkerService } from "../../gen/mmgate/encode/v1/encode_pb.js";
 import { FinishReason_Kind, type AnnotatedOutput } from "../../gen/mmgate/llm/v1/output_pb.js";
 import type { PreprocessedRequestSchema } from "../../gen/mmgate/llm/v1/request_pb.js";
@@ -267,5 +267,23 @@ describe("encode and token workers", function () {
       const viaConnect = await generate({ tokenIds: [10, 20, 30], stopConditions: { maxTokens: 5 } });
       expect(outputs.slice(0, 5).flatMap((o) => o.output.data.tokenIds)).to.deep.equal(ids(viaConnect));
     });
+  });
+});
+
+describe("the demo token worker's pacing", () => {
+  it("pauses before each token (tokenIntervalMs) and gives the pause up when the call ends", async () => {
+    const server = await startServer({ modules: [tokenWorkerModule], config: { tokenWorker: { tokenIntervalMs: 60_000 } } });
+    try {
+      const received: unknown[] = [];
+      const outcome = await (async () => {
+        for await (const res of createClient(TokenWorkerService, server.transport).generate({ request: { tokenIds: [1, 2] } }, { timeoutMs: 200 })) received.push(res);
+        return "completed";
+      })().catch((e: unknown) => ConnectError.from(e).code);
+      // No token before the first pause is over, and the deadline ends the call rather than the pause.
+      expect(outcome).to.equal(Code.DeadlineExceeded);
+      expect(received).to.deep.equal([]);
+    } finally {
+      await server.close();
+    }
   });
 });
