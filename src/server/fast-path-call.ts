@@ -5,6 +5,7 @@ import { create, isMessage, toBinary } from "@bufbuild/protobuf";
 import type { ContextKey, ContextValues, HandlerContext, Interceptor, StreamRequest, StreamResponse, UnaryRequest, UnaryResponse } from "@connectrpc/connect";
 import { Code, ConnectError } from "@connectrpc/connect";
 import type { createMethodSerializationLookup } from "@connectrpc/connect/protocol";
+import { MAX_TIMER_MS } from "../util/index.js";
 import { serializeChunked } from "./message-chunks.js";
 import { h2ResetError } from "./h2-reset.js";
 import type { ObservedCall, RpcObserver } from "./rpc-observer.js";
@@ -345,7 +346,9 @@ export abstract class LeanCall implements HandlerContext {
       if (this.deadline !== undefined) {
         const left = this.deadline - Date.now();
         if (left <= 0) controller.abort(deadlineExceeded());
-        else this.deadlineTimer = setTimeout(abortAtDeadline, left, controller);
+        // A deadline past what a Node timer holds (about 24.8 days) is no
+        // deadline in practice; a longer delay would fire after 1 ms.
+        else if (left <= MAX_TIMER_MS) this.deadlineTimer = setTimeout(abortAtDeadline, left, controller);
       }
     }
     return controller.signal;
