@@ -1400,7 +1400,7 @@ for (const fastPath of [true, false]) {
     it("a deadline past a Node timer's range (grpc-timeout 99999999H, about 11,400 years) is held, not fired at once", async function () {
       // connect's handler arms a plain timer for it, which Node fires after 1 ms (its delay overflows):
       // there the handler's signal aborts at once. The lean path arms none past the range.
-      if (!fastPath) this.skip();
+      if (!fastPath || connectPathOnly) this.skip();
       const res = await rawH2(server.addr, { headers: grpcHeaders(UNARY, { "grpc-timeout": "99999999H" }), body: frame("sleep:50:far-deadline") });
       expect(grpcStatusOf(res)).to.equal("0");
       expect(eventsOf(label, "far-deadline")).to.deep.equal(["slept"]);
