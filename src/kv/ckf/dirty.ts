@@ -1,0 +1,118 @@
+/**
+ * The dirty window between two publications (B.4 drain_publication): each
+ * bucket written since the last drain, in first-dirtied order, with its value
+ * from before that first write. Draining compares that value with the
+ * bucket's current one, so a bucket whose writes cancelled out ("net
+ * reverted") publishes nothing.
+ *
+ * Membership is a bitset over all buckets and the originals live in typed
+ * arrays, so recording a write allocates nothing.
+ */
+import type { DcCkfBucketImage } from "./identity.js";
+import type { CkfWriteObserver } from "./lane.js";
+
+/** What one drain found. */
+export interface DrainedWindow {
+  /** Buckets whose value changed, in first-dirtied order, with their current words. */
+  readonly images: DcCkfBucketImage[];
+  /** Buckets that were written but ended where they started. */
+  readonly netReverted: number;
+}
+
+export class DirtyWindow implements CkfWriteObserver {
+  private readonly member: Uint32Array;
+  private order: Int32Array;
+  /** Four u16 slots per entry of `order`: the bucket before its first write. */
+  private originals: Uint16Array;
+  private count = 0;
+
+  constructor(private readonly slots: Uint16Array) {
+    this.member = new Uint32Array(Math.ceil(slots.length / 4 / 32));
+    this.order = new Int32Array(64);
+    this.originals = new Uint16Array(64 * 4);
+  }
+
+  beforeWrite(bucket: number): void {
+    const word = bucket >>> 5;
+    const bit = 1 << (bucket & 31);
+    const bits = this.member[word]!;
+    if ((bits & bit) !== 0) return;
+    this.member[word] = bits | bit;
+    if (this.count === this.order.length) this.grow();
+    const at = this.count++;
+    this.order[at] = bucket;
+    const from = bucket << 2;
+    const to = at << 2;
+    const s = this.slots;
+    const o = this.originals;
+    o[to] = s[from]!;
+    o[to + 1] = s[from + 1]!;
+    o[to + 2] = s[from + 2]!;
+    o[to + 3] = s[from + 3]!;
+  }
+
+  /** Buckets in the window. */
+  get size(): number {
+    return this.count;
+  }
+
+  /** A point to roll the window back to (see `rollbackTo`). */
+  mark(): number {
+    return this.count;
+  }
+
+  /**
+   * Forgets the buckets first dirtied after `mark`. A failed insert reports
+   * its writes before undoing them; without this its buckets would sit in the
+   * window unchanged and count as net reverted although nothing was published
+   * or reverted.
+   */
+  rollbackTo(mark: number): void {
+    for (let at = mark; at < this.count; at++) {
+      this.unmark(this.order[at]!);
+    }
+    this.count = Math.min(this.count, mark);
+  }
+
+  /** The changed buckets' images, and an empty window. */
+  drain(): DrainedWindow {
+    const images: DcCkfBucketImage[] = [];
+    const s = this.slots;
+    const o = this.originals;
+    let netReverted = 0;
+    for (let at = 0; at < this.count; at++) {
+      const bucket = this.order[at]!;
+      this.unmark(bucket);
+      const i = bucket << 2;
+      const j = at << 2;
+      if (s[i] === o[j] && s[i + 1] === o[j + 1] && s[i + 2] === o[j + 2] && s[i + 3] === o[j + 3]) {
+        netReverted++;
+        continue;
+      }
+      const lo = ((s[i + 1]! << 16) | s[i]!) >>> 0;
+      const hi = ((s[i + 3]! << 16) | s[i + 2]!) >>> 0;
+      images.push(Object.freeze({ bucket, value: (BigInt(hi) << 32n) | BigInt(lo) }));
+    }
+    this.count = 0;
+    return { images, netReverted };
+  }
+
+  /** Bytes held by the window's arrays. */
+  get byteLength(): number {
+    return this.member.byteLength + this.order.byteLength + this.originals.byteLength;
+  }
+
+  private unmark(bucket: number): void {
+    const word = bucket >>> 5;
+    this.member[word] = this.member[word]! & ~(1 << (bucket & 31));
+  }
+
+  private grow(): void {
+    const order = new Int32Array(this.order.length * 2);
+    order.set(this.order);
+    const originals = new Uint16Array(this.originals.length * 2);
+    originals.set(this.originals);
+    this.order = order;
+    this.originals = originals;
+  }
+}

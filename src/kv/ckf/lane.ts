@@ -1,0 +1,215 @@
+/**
+ * One packed CKF lane (B.2, B.3): bucketCount buckets of four 16-bit slots.
+ *
+ * The slots are a Uint16Array whose buffer *is* the wire image: slot i of
+ * bucket b is bits 16i..16i+15 of the little-endian u64 word b, so snapshots
+ * are a BigUint64Array view of the same memory, never a conversion. Slot 0
+ * means empty (fingerprints are never 0).
+ */
+import { CkfAddressing } from "./addressing.js";
+import { MAX_KICKS } from "./config.js";
+import { CkfError } from "./errors.js";
+import { laneSeed, SplitMix64 } from "./splitmix.js";
+import { assertLittleEndianHost } from "./u64.js";
+
+/**
+ * Told about every bucket just before one of its slots is written, so a dirty
+ * window can keep the bucket's value from before its first write. A failed
+ * insert rolls its writes back after having reported them; see CkfLane.insert.
+ */
+export interface CkfWriteObserver {
+  beforeWrite(bucket: number): void;
+}
+
+export interface CkfLaneOptions {
+  readonly seed: bigint;
+  /** A power of two in 2..2^24. */
+  readonly bucketCount: number;
+  /** Evictions per insert before giving up, 0..4096; 0 tries the two home buckets only. */
+  readonly maxKicks: number;
+  /** Which lane's RNG stream to use (the DC state uses lane 0). */
+  readonly lane?: number;
+}
+
+export class CkfLane {
+  readonly seed: bigint;
+  readonly bucketCount: number;
+  readonly maxKicks: number;
+  readonly addressing: CkfAddressing;
+  /** bucketCount * 4 slots; the same memory as `words()`. */
+  readonly slots: Uint16Array;
+  /** Notified before each bucket write; undefined when nobody tracks dirty buckets. */
+  observer: CkfWriteObserver | undefined = undefined;
+  /** Slot writes made by the last successful insert or remove (1 without evictions). */
+  lastWrites = 0;
+  private occupied = 0;
+  private readonly rng: SplitMix64;
+  /** The eviction walk's undo log: slot index and previous value, per kick. */
+  private readonly undoSlot: Int32Array;
+  private readonly undoValue: Uint16Array;
+
+  constructor(options: CkfLaneOptions) {
+    assertLittleEndianHost();
+    const { seed, bucketCount, maxKicks } = options;
+    if (!Number.isInteger(maxKicks) || maxKicks < 0 || maxKicks > MAX_KICKS) {
+      throw new CkfError("InvalidMaxKicks", `maxKicks ${maxKicks} is outside 0..${MAX_KICKS}`);
+    }
+    this.addressing = new CkfAddressing(seed, bucketCount);
+    this.seed = seed;
+    this.bucketCount = bucketCount;
+    this.maxKicks = maxKicks;
+    this.slots = new Uint16Array(bucketCount * 4);
+    this.rng = new SplitMix64(laneSeed(seed, options.lane ?? 0));
+    this.undoSlot = new Int32Array(maxKicks);
+    this.undoValue = new Uint16Array(maxKicks);
+  }
+
+  /**
+   * Inserts one copy of the key's fingerprint (B.3): the lowest empty slot of
+   * bucketA, then of bucketB; otherwise a random eviction walk of up to
+   * maxKicks kicks. Returns false (CapacityExhausted) when the walk fails, after
+   * undoing every write in reverse order: the slots are then byte-for-byte
+   * what they were. With `relocate` false only the home buckets are tried.
+   */
+  insert(hi: number, lo: number, relocate = true): boolean {
+    const addressing = this.addressing;
+    addressing.probe(hi, lo);
+    let fp = addressing.fingerprint;
+    const a = addressing.bucketA;
+    const b = addressing.bucketB;
+    if (this.place(a, fp) || this.place(b, fp)) {
+      this.lastWrites = 1;
+      this.occupied++;
+      return true;
+    }
+    const kicks = relocate ? this.maxKicks : 0;
+    if (kicks === 0) return false;
+    const slots = this.slots;
+    const deltas = addressing.deltas;
+    const rng = this.rng;
+    let bucket = (rng.next32() & 1) === 0 ? a : b;
+    for (let kick = 0; kick < kicks; kick++) {
+      const index = (bucket << 2) | (rng.next32() & 3);
+      this.observer?.beforeWrite(bucket);
+      const displaced = slots[index]!;
+      this.undoSlot[kick] = index;
+      this.undoValue[kick] = displaced;
+      slots[index] = fp;
+      fp = displaced;
+      bucket ^= deltas[fp]!;
+      if (this.place(bucket, fp)) {
+        this.lastWrites = kick + 2;
+        this.occupied++;
+        return true;
+      }
+    }
+    for (let kick = kicks - 1; kick >= 0; kick--) slots[this.undoSlot[kick]!] = this.undoValue[kick]!;
+    return false;
+  }
+
+  /**
+   * Removes one copy of the key's fingerprint: the first matching slot of
+   * bucketA, else of bucketB. Throws IndexerInvariantViolation when neither
+   * holds it; callers remove only what they know they inserted.
+   */
+  remove(hi: number, lo: number): void {
+    const addressing = this.addressing;
+    addressing.probe(hi, lo);
+    const fp = addressing.fingerprint;
+    if (this.clear(addressing.bucketA, fp) || this.clear(addressing.bucketB, fp)) {
+      this.lastWrites = 1;
+      this.occupied--;
+      return;
+    }
+    throw new CkfError(
+      "IndexerInvariantViolation",
+      `fingerprint ${fp} is in neither bucket ${addressing.bucketA} nor ${addressing.bucketB}`,
+    );
+  }
+
+  /** Whether either candidate bucket holds the key's fingerprint (false positives possible, no false negatives). */
+  contains(hi: number, lo: number): boolean {
+    const addressing = this.addressing;
+    addressing.probe(hi, lo);
+    const fp = addressing.fingerprint;
+    const s = this.slots;
+    let i = addressing.bucketA << 2;
+    if (s[i] === fp || s[i + 1] === fp || s[i + 2] === fp || s[i + 3] === fp) return true;
+    i = addressing.bucketB << 2;
+    return s[i] === fp || s[i + 1] === fp || s[i + 2] === fp || s[i + 3] === fp;
+  }
+
+  /** The lane as little-endian u64 bucket words: a view of the slots' memory, not a copy. */
+  words(): BigUint64Array {
+    return new BigUint64Array(this.slots.buffer, this.slots.byteOffset, this.bucketCount);
+  }
+
+  /** Bucket `bucket` as its u64 wire word. */
+  word(bucket: number): bigint {
+    const s = this.slots;
+    const i = bucket << 2;
+    return (BigInt(((s[i + 3]! << 16) | s[i + 2]!) >>> 0) << 32n) | BigInt(((s[i + 1]! << 16) | s[i]!) >>> 0);
+  }
+
+  /** Replaces the whole lane with `words` (a snapshot), for mirrors and diagnostics. */
+  loadWords(words: BigUint64Array): void {
+    if (words.length !== this.bucketCount) {
+      throw new CkfError("InvalidIdentity", `a snapshot of ${words.length} buckets does not fit a lane of ${this.bucketCount}`);
+    }
+    this.words().set(words);
+    let occupied = 0;
+    for (const slot of this.slots) if (slot !== 0) occupied++;
+    this.occupied = occupied;
+  }
+
+  /** Non-empty slots. */
+  occupiedSlots(): number {
+    return this.occupied;
+  }
+
+  /** Buckets with at least one non-empty slot (a scan of the lane). */
+  occupiedBuckets(): number {
+    const s = this.slots;
+    let n = 0;
+    for (let i = 0; i < s.length; i += 4) if ((s[i]! | s[i + 1]! | s[i + 2]! | s[i + 3]!) !== 0) n++;
+    return n;
+  }
+
+  /** Bytes of slot memory (8 per bucket). */
+  get byteLength(): number {
+    return this.slots.byteLength;
+  }
+
+  /** Writes fp to the lowest empty slot of `bucket`, if there is one. */
+  private place(bucket: number, fp: number): boolean {
+    const s = this.slots;
+    let i = bucket << 2;
+    if (s[i] !== 0) {
+      i++;
+      if (s[i] !== 0) {
+        i++;
+        if (s[i] !== 0) {
+          i++;
+          if (s[i] !== 0) return false;
+        }
+      }
+    }
+    this.observer?.beforeWrite(bucket);
+    s[i] = fp;
+    return true;
+  }
+
+  /** Empties the first slot of `bucket` holding fp, if there is one. */
+  private clear(bucket: number, fp: number): boolean {
+    const s = this.slots;
+    const base = bucket << 2;
+    for (let i = base; i < base + 4; i++) {
+      if (s[i] === fp) {
+        this.observer?.beforeWrite(bucket);
+        s[i] = 0;
+        return true;
+      }
+    }
+    return false;
+  }
+}

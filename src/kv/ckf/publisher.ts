@@ -1,0 +1,134 @@
+/**
+ * The publication envelope of one producer lane (B.5): turns drained batches
+ * into sequenced deltas on the current lease, and fences itself when it can
+ * no longer vouch for the sequence. Sequence numbers count emitted batches,
+ * not events; a consumer that installed snapshot N expects exactly N -> N+1.
+ */
+import { CkfError, type FenceReason } from "./errors.js";
+import type { ConsumerDrainMarker, DcCkfDelta, DcCkfPublicationBatch, DcCkfSnapshot, LaneLease, ProducerIdentity } from "./identity.js";
+import type { DcCkfState } from "./state.js";
+import { isU64, U64_MAX } from "./u64.js";
+
+/**
+ * Where deltas go, in order. "rejected" (or a throw) means the delta may or
+ * may not have reached the consumer: the publisher fences DeliveryUncertain.
+ */
+export type DeliverySink = (delta: DcCkfDelta) => "accepted" | "rejected";
+
+export type PublishResult =
+  /** Sent: the sequence advanced to delta.sequence. */
+  | { readonly kind: "published"; readonly delta: DcCkfDelta }
+  /** No lease, so nobody to send to: the batch is dropped and the sequence stays. */
+  | { readonly kind: "no_subscriber"; readonly sequence: bigint };
+
+export interface DcCkfPublisherOptions {
+  /** The sequence the next delta continues from. */
+  readonly lastSequence: bigint;
+  readonly sink: DeliverySink;
+  readonly lease?: LaneLease | undefined;
+}
+
+export class DcCkfPublisher {
+  readonly identity: ProducerIdentity;
+  private leaseValue: LaneLease | undefined;
+  private last: bigint;
+  private fenceValue: FenceReason | undefined;
+  private readonly sink: DeliverySink;
+
+  constructor(identity: ProducerIdentity, options: DcCkfPublisherOptions) {
+    if (!isU64(options.lastSequence)) throw new CkfError("InvalidIdentity", `lastSequence ${String(options.lastSequence)} is not a u64`);
+    this.identity = identity;
+    this.last = options.lastSequence;
+    this.sink = options.sink;
+    this.leaseValue = options.lease;
+  }
+
+  get lease(): LaneLease | undefined {
+    return this.leaseValue;
+  }
+
+  get lastSequence(): bigint {
+    return this.last;
+  }
+
+  /** Why the publisher is fenced, if it is. */
+  get fenced(): FenceReason | undefined {
+    return this.fenceValue;
+  }
+
+  /** Fences from outside (the actor uses this when a lease stalls); cleared by the next barrier snapshot. */
+  fence(reason: FenceReason): void {
+    this.fenceValue ??= reason;
+  }
+
+  /**
+   * Publishes one batch as delta last -> last+1. Throws CkfError Fenced when
+   * the publisher is or becomes fenced (the sequence never advances then).
+   */
+  publish(batch: DcCkfPublicationBatch): PublishResult {
+    if (this.fenceValue !== undefined) throw fencedError(this.fenceValue);
+    const lease = this.leaseValue;
+    if (lease === undefined) return { kind: "no_subscriber", sequence: this.last };
+    if (this.last === U64_MAX) {
+      this.fenceValue = "SequenceExhausted";
+      throw fencedError(this.fenceValue);
+    }
+    const next = this.last + 1n;
+    const delta: DcCkfDelta = Object.freeze({
+      identity: this.identity,
+      lease,
+      baseSequence: this.last,
+      sequence: next,
+      images: batch.images,
+    });
+    let verdict: "accepted" | "rejected";
+    try {
+      verdict = this.sink(delta);
+    } catch {
+      // A sink that throws may have half-delivered; that is exactly "uncertain".
+      verdict = "rejected";
+    }
+    if (verdict !== "accepted") {
+      this.fenceValue = "DeliveryUncertain";
+      throw fencedError(this.fenceValue);
+    }
+    this.last = next;
+    return { kind: "published", delta };
+  }
+
+  /**
+   * A consistent restart point for `newLease`: the state's barrier snapshot,
+   * with the pending tail first published on the old lease (so the old
+   * subscriber's last delta matches the snapshot's sequence), then the new
+   * lease installed and any fence cleared. Throws SequenceExhausted when no
+   * sequence is left to continue from.
+   */
+  snapshotAfterBarrier(state: DcCkfState, newLease: LaneLease): DcCkfSnapshot {
+    if (this.last === U64_MAX || this.fenceValue === "SequenceExhausted") {
+      throw new CkfError("SequenceExhausted", "the publication sequence is exhausted; start a new producer generation");
+    }
+    const [tail, words] = state.barrierSnapshot();
+    if (this.fenceValue === undefined && tail !== undefined) {
+      try {
+        this.publish(tail);
+      } catch (error) {
+        // The old lease's consumer loses the tail either way; it has to resubscribe,
+        // and the snapshot below carries the tail's changes for the new lease.
+        if (!(error instanceof CkfError) || error.code !== "Fenced") throw error;
+      }
+    }
+    this.leaseValue = newLease;
+    this.fenceValue = undefined;
+    return Object.freeze({ identity: this.identity, lease: newLease, sequence: this.last, buckets: words });
+  }
+
+  /** The lease and the sequence its consumer must end at, if there is a lease. */
+  exactDrainMarker(): ConsumerDrainMarker | undefined {
+    const lease = this.leaseValue;
+    return lease === undefined ? undefined : Object.freeze({ lease, expectedSequence: this.last });
+  }
+}
+
+function fencedError(reason: FenceReason): CkfError {
+  return new CkfError("Fenced", `the publisher is fenced (${reason}); a barrier snapshot on a new lease clears it`, { fence: reason });
+}

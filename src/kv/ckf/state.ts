@@ -1,0 +1,425 @@
+/**
+ * The per-datacenter CKF producer state (B.4): exact ownership over a packed
+ * lane. The filter holds one fingerprint per *canonical* sequence hash that
+ * at least one (worker, rank) member owns; ownership is counted exactly, so
+ * the fingerprint is inserted on the 0 -> 1 transition and removed on 1 -> 0,
+ * and a member's own block ids ("external" hashes) map to canonical hashes
+ * through that member's lineage.
+ *
+ * Hashes are bigint at this layer (events carry bigints, Maps key on them);
+ * each block crosses to the (hi, lo) filter path once.
+ */
+import { computeNextSeqHash } from "../hash/index.js";
+import { ckfConfig, formatIdentity, validateCkfConfig, type CkfConfig, type CkfConfigInit, type DcCkfFormatIdentity } from "./config.js";
+import { DirtyWindow } from "./dirty.js";
+import { CkfError } from "./errors.js";
+import { targetsPrimary, type KvCacheEventData, type RouterEvent } from "./events.js";
+import type { DcCkfPublicationBatch } from "./identity.js";
+import { CkfLane } from "./lane.js";
+import { hi32, isU32, isU64, lo32 } from "./u64.js";
+
+/** One canonical hash's owners; `resident` is whether its fingerprint is in the filter. */
+export interface CanonicalOwnership {
+  readonly owners: number;
+  readonly resident: boolean;
+}
+
+interface OwnerEntry {
+  owners: number;
+  resident: boolean;
+}
+
+/** What applying one event (or removing members) did. */
+export interface ApplyOutcome {
+  /** The first failure; later blocks were still attempted and successful ones stay applied. */
+  readonly firstError: CkfError | undefined;
+  /** The batch drained at a publication boundary, when one was reached and something changed. */
+  readonly publication: DcCkfPublicationBatch | undefined;
+}
+
+export interface DcCkfStats {
+  /** (worker, rank) members with at least one mapping. */
+  readonly members: number;
+  /** Mappings over all members (the sum of owner counts). */
+  readonly contributions: number;
+  /** Distinct canonical hashes owned by anyone. */
+  readonly uniqueBlocks: number;
+  /** Canonical hashes owned but not in the filter (admission failed for capacity). */
+  readonly nonResidentBlocks: number;
+  readonly unknownRemovals: number;
+  readonly parentNotFound: number;
+  readonly capacityFailures: number;
+  readonly occupiedBuckets: number;
+  readonly occupiedSlots: number;
+  readonly pendingEvents: number;
+  /** Slot writes by successful inserts and removes (evictions included). */
+  readonly physicalTouches: number;
+  /** Buckets that entered a dirty window, summed over drained windows. */
+  readonly distinctTouchedBuckets: number;
+  /** Images in materialized batches. */
+  readonly emittedImages: number;
+  /** Dirty buckets that drained unchanged. */
+  readonly netRevertedBuckets: number;
+  /** Bytes of the typed arrays (ownership maps are not counted; the delta table is shared by lanes of one layout). */
+  readonly memory: { readonly filterBytes: number; readonly dirtyWindowBytes: number; readonly deltaTableBytes: number };
+}
+
+export interface DcCkfStateOptions {
+  /** Whether drains yield batches; the relay turns this on once a consumer lease exists. Default true. */
+  readonly materialize?: boolean;
+  /** Owners per canonical hash before OwnershipDegreeOverflow; u32::MAX, lowered only by tests. */
+  readonly maxOwners?: number;
+}
+
+const NOTHING: ApplyOutcome = Object.freeze({ firstError: undefined, publication: undefined });
+
+type Lineage = Map<bigint, bigint>;
+
+export class DcCkfState {
+  readonly config: CkfConfig;
+  private readonly lane: CkfLane;
+  private readonly window: DirtyWindow;
+  private readonly identity: DcCkfFormatIdentity;
+  private readonly maxOwners: number;
+  private materialize: boolean;
+  /** workerId -> dpRank -> external hash -> canonical hash. */
+  private readonly members = new Map<bigint, Map<number, Lineage>>();
+  private readonly owners = new Map<bigint, OwnerEntry>();
+  private pending = 0;
+  private unknownRemovals = 0;
+  private parentNotFound = 0;
+  private capacityFailures = 0;
+  private physicalTouches = 0;
+  private distinctTouched = 0;
+  private emittedImages = 0;
+  private netReverted = 0;
+
+  constructor(config: CkfConfig | CkfConfigInit = {}, options: DcCkfStateOptions = {}) {
+    this.config = ckfConfig(config);
+    const buckets = validateCkfConfig(this.config);
+    this.lane = new CkfLane({ seed: this.config.seed, bucketCount: buckets, maxKicks: this.config.maxKicks, lane: 0 });
+    this.window = new DirtyWindow(this.lane.slots);
+    this.lane.observer = this.window;
+    this.identity = formatIdentity(this.config.seed, buckets);
+    this.materialize = options.materialize ?? true;
+    this.maxOwners = options.maxOwners ?? 0xffff_ffff;
+  }
+
+  /**
+   * Applies one event: the residency gate, then Stored / Removed / Cleared,
+   * then a publication boundary when enough events are pending. Failures are
+   * returned, not thrown: the first one is kept, the rest of the event still
+   * applies (except where the spec rejects the whole event before mutating).
+   */
+  applyEvent(event: RouterEvent): ApplyOutcome {
+    const invalid = checkEvent(event);
+    if (invalid !== undefined) return { firstError: invalid, publication: undefined };
+    try {
+      if (!targetsPrimary(event)) return NOTHING;
+    } catch (error) {
+      return { firstError: error as CkfError, publication: undefined };
+    }
+    this.pending++;
+    const data = event.data;
+    let error: CkfError | undefined;
+    switch (data.kind) {
+      case "stored":
+        error = this.applyStored(event.workerId, event.dpRank, data);
+        break;
+      case "removed": {
+        const lineage = this.members.get(event.workerId)?.get(event.dpRank);
+        for (const hash of data.blockHashes) {
+          const failed = this.removeMapping(lineage, hash);
+          error ??= failed;
+        }
+        if (lineage !== undefined && lineage.size === 0) this.dropMember(event.workerId, event.dpRank);
+        break;
+      }
+      case "cleared":
+        error = this.clearMember(event.workerId, event.dpRank);
+        break;
+    }
+    const publication = this.pending >= this.config.publishEveryNEvents ? this.drainPublication() : undefined;
+    return error === undefined && publication === undefined ? NOTHING : { firstError: error, publication };
+  }
+
+  /**
+   * Ends the current window: the buckets whose value changed since they were
+   * first dirtied, in that order. Undefined when nothing changed or
+   * materialization is off; either way the window and the pending count reset.
+   */
+  drainPublication(): DcCkfPublicationBatch | undefined {
+    if (this.pending === 0 && this.window.size === 0) return undefined;
+    const { images, netReverted } = this.window.drain();
+    this.distinctTouched += images.length + netReverted;
+    this.netReverted += netReverted;
+    this.pending = 0;
+    if (images.length === 0 || !this.materialize) return undefined;
+    this.emittedImages += images.length;
+    return Object.freeze({ images: Object.freeze(images) });
+  }
+
+  /** Removes every mapping of one member, then drains. */
+  removeRank(workerId: bigint, dpRank: number): ApplyOutcome {
+    const error = this.clearMember(workerId, dpRank);
+    return { firstError: error, publication: this.drainPublication() };
+  }
+
+  /** Removes every rank of a worker, then drains. */
+  removeWorker(workerId: bigint): ApplyOutcome {
+    let error: CkfError | undefined;
+    const ranks = this.members.get(workerId);
+    if (ranks !== undefined) {
+      for (const rank of [...ranks.keys()]) {
+        const failed = this.clearMember(workerId, rank);
+        error ??= failed;
+      }
+    }
+    return { firstError: error, publication: this.drainPublication() };
+  }
+
+  /** Drains whatever is pending. */
+  flush(): DcCkfPublicationBatch | undefined {
+    return this.drainPublication();
+  }
+
+  /**
+   * A copy of every bucket word, then the drained tail. The copy already
+   * contains the tail's changes: a consumer that installs the copy must not
+   * also apply the tail, and one that had the previous state gets there by
+   * applying the tail.
+   */
+  barrierSnapshot(): [DcCkfPublicationBatch | undefined, BigUint64Array] {
+    const words = this.lane.words().slice();
+    return [this.drainPublication(), words];
+  }
+
+  /** Whether the filter claims `seqHash` (a canonical sequence hash); never for a value that is not a u64. */
+  contains(seqHash: bigint): boolean {
+    return isU64(seqHash) && this.lane.contains(hi32(seqHash), lo32(seqHash));
+  }
+
+  /** The owners of a canonical hash, if any. */
+  ownership(seqHash: bigint): CanonicalOwnership | undefined {
+    const entry = this.owners.get(seqHash);
+    return entry === undefined ? undefined : { owners: entry.owners, resident: entry.resident };
+  }
+
+  /** The canonical hash a member's external block hash maps to, if any. */
+  canonicalOf(workerId: bigint, dpRank: number, externalHash: bigint): bigint | undefined {
+    return this.members.get(workerId)?.get(dpRank)?.get(externalHash);
+  }
+
+  format(): DcCkfFormatIdentity {
+    return this.identity;
+  }
+
+  /** A view of the live lane words (not a copy; changes with the state). */
+  words(): BigUint64Array {
+    return this.lane.words();
+  }
+
+  get materializing(): boolean {
+    return this.materialize;
+  }
+
+  setMaterialization(enabled: boolean): void {
+    this.materialize = enabled;
+  }
+
+  stats(): DcCkfStats {
+    let members = 0;
+    let contributions = 0;
+    for (const ranks of this.members.values()) {
+      for (const lineage of ranks.values()) {
+        members++;
+        contributions += lineage.size;
+      }
+    }
+    let nonResident = 0;
+    for (const entry of this.owners.values()) if (!entry.resident) nonResident++;
+    return {
+      members,
+      contributions,
+      uniqueBlocks: this.owners.size,
+      nonResidentBlocks: nonResident,
+      unknownRemovals: this.unknownRemovals,
+      parentNotFound: this.parentNotFound,
+      capacityFailures: this.capacityFailures,
+      occupiedBuckets: this.lane.occupiedBuckets(),
+      occupiedSlots: this.lane.occupiedSlots(),
+      pendingEvents: this.pending,
+      physicalTouches: this.physicalTouches,
+      distinctTouchedBuckets: this.distinctTouched,
+      emittedImages: this.emittedImages,
+      netRevertedBuckets: this.netReverted,
+      memory: {
+        filterBytes: this.lane.byteLength,
+        dirtyWindowBytes: this.window.byteLength,
+        deltaTableBytes: this.lane.addressing.deltas.byteLength,
+      },
+    };
+  }
+
+  private applyStored(workerId: bigint, dpRank: number, data: Extract<KvCacheEventData, { kind: "stored" }>): CkfError | undefined {
+    const blocks = data.blocks;
+    if (blocks.length === 0) return undefined;
+    let lineage = this.members.get(workerId)?.get(dpRank);
+    let parent: bigint | undefined;
+    if (data.parentHash !== undefined) {
+      parent = lineage?.get(data.parentHash);
+      if (parent === undefined) {
+        this.parentNotFound++;
+        return new CkfError("ParentBlockNotFound", `parent block ${data.parentHash} is not in the lineage of worker ${workerId} rank ${dpRank}`);
+      }
+    } else if (data.startPosition !== undefined && data.startPosition !== 0) {
+      return new CkfError("InvalidBlockSequence", `a run at start position ${data.startPosition} needs a parent block`);
+    }
+    // Chain every canonical hash and check every mapping before touching anything:
+    // a contradicting event is rejected whole.
+    const canonicals = new Array<bigint>(blocks.length);
+    const batch = new Map<bigint, bigint>();
+    for (let i = 0; i < blocks.length; i++) {
+      const block = blocks[i]!;
+      const canonical = parent === undefined ? block.tokensHash : computeNextSeqHash(parent, block.tokensHash);
+      const known = lineage?.get(block.blockHash) ?? batch.get(block.blockHash);
+      if (known !== undefined && known !== canonical) {
+        return new CkfError(
+          "InvalidBlockSequence",
+          `block ${block.blockHash} of worker ${workerId} rank ${dpRank} is already mapped to another sequence`,
+        );
+      }
+      batch.set(block.blockHash, canonical);
+      canonicals[i] = canonical;
+      parent = canonical;
+    }
+    if (lineage === undefined) lineage = this.addMember(workerId, dpRank);
+    let error: CkfError | undefined;
+    for (let i = 0; i < blocks.length; i++) {
+      const external = blocks[i]!.blockHash;
+      const canonical = canonicals[i]!;
+      let entry = this.owners.get(canonical);
+      if (lineage.get(external) === canonical) {
+        // Re-offer of a known mapping: a cheap retry for a block that once failed admission.
+        if (entry !== undefined && !entry.resident && this.admit(canonical, false)) entry.resident = true;
+        continue;
+      }
+      if (entry === undefined) {
+        entry = { owners: 0, resident: false };
+        this.owners.set(canonical, entry);
+      } else if (entry.owners >= this.maxOwners) {
+        error ??= new CkfError("OwnershipDegreeOverflow", `sequence ${canonical} already has ${entry.owners} owners`);
+        continue;
+      }
+      entry.owners++;
+      lineage.set(external, canonical);
+      if (entry.resident) continue;
+      // Ownership commits even if the filter is full: a later removal must still balance it.
+      if (this.admit(canonical, true)) {
+        entry.resident = true;
+      } else {
+        this.capacityFailures++;
+        error ??= new CkfError("CapacityExhausted", `no room for sequence ${canonical} after ${this.config.maxKicks} kicks`);
+      }
+    }
+    if (lineage.size === 0) this.dropMember(workerId, dpRank);
+    return error;
+  }
+
+  /** Inserts one fingerprint; a failed insert leaves neither the lane nor the dirty window changed. */
+  private admit(canonical: bigint, relocate: boolean): boolean {
+    const mark = this.window.mark();
+    if (this.lane.insert(hi32(canonical), lo32(canonical), relocate)) {
+      this.physicalTouches += this.lane.lastWrites;
+      return true;
+    }
+    this.window.rollbackTo(mark);
+    return false;
+  }
+
+  /** Drops one mapping of a member (B.4 Removed); unknown hashes are counted no-ops. */
+  private removeMapping(lineage: Lineage | undefined, external: bigint): CkfError | undefined {
+    const canonical = lineage?.get(external);
+    if (lineage === undefined || canonical === undefined) {
+      this.unknownRemovals++;
+      return undefined;
+    }
+    lineage.delete(external);
+    const entry = this.owners.get(canonical);
+    if (entry === undefined) return new CkfError("IndexerInvariantViolation", `sequence ${canonical} is mapped but has no owners`);
+    if (entry.owners > 1) {
+      entry.owners--;
+      return undefined;
+    }
+    this.owners.delete(canonical);
+    if (!entry.resident) return undefined;
+    try {
+      this.lane.remove(hi32(canonical), lo32(canonical));
+      this.physicalTouches += this.lane.lastWrites;
+      return undefined;
+    } catch (error) {
+      return error as CkfError;
+    }
+  }
+
+  private clearMember(workerId: bigint, dpRank: number): CkfError | undefined {
+    const lineage = this.members.get(workerId)?.get(dpRank);
+    if (lineage === undefined) return undefined;
+    let error: CkfError | undefined;
+    for (const external of [...lineage.keys()]) {
+      const failed = this.removeMapping(lineage, external);
+      error ??= failed;
+    }
+    this.dropMember(workerId, dpRank);
+    return error;
+  }
+
+  private addMember(workerId: bigint, dpRank: number): Lineage {
+    let ranks = this.members.get(workerId);
+    if (ranks === undefined) {
+      ranks = new Map();
+      this.members.set(workerId, ranks);
+    }
+    const lineage: Lineage = new Map();
+    ranks.set(dpRank, lineage);
+    return lineage;
+  }
+
+  private dropMember(workerId: bigint, dpRank: number): void {
+    const ranks = this.members.get(workerId);
+    if (ranks === undefined) return;
+    ranks.delete(dpRank);
+    if (ranks.size === 0) this.members.delete(workerId);
+  }
+}
+
+/** Range checks the filter relies on (a hash outside u64 would alias after the (hi, lo) split). */
+function checkEvent(event: RouterEvent): CkfError | undefined {
+  if (!isU64(event.workerId)) return invalidEvent(`workerId ${String(event.workerId)} is not a u64`);
+  if (!isU32(event.dpRank)) return invalidEvent(`dpRank ${String(event.dpRank)} is not a u32`);
+  const data = event.data;
+  switch (data?.kind) {
+    case "stored":
+      if (data.parentHash !== undefined && !isU64(data.parentHash)) return invalidEvent(`parent hash ${String(data.parentHash)} is not a u64`);
+      if (data.startPosition !== undefined && !isU32(data.startPosition)) {
+        return invalidEvent(`start position ${String(data.startPosition)} is not a u32`);
+      }
+      for (const block of data.blocks) {
+        if (!isU64(block.blockHash) || !isU64(block.tokensHash)) {
+          return invalidEvent(`block hash ${String(block.blockHash)} / tokens hash ${String(block.tokensHash)} is not a u64`);
+        }
+      }
+      return undefined;
+    case "removed":
+      for (const hash of data.blockHashes) if (!isU64(hash)) return invalidEvent(`removed block hash ${String(hash)} is not a u64`);
+      return undefined;
+    case "cleared":
+      return undefined;
+    default:
+      return invalidEvent(`unknown event kind ${JSON.stringify((data as { kind?: unknown } | undefined)?.kind)}`);
+  }
+}
+
+function invalidEvent(message: string): CkfError {
+  return new CkfError("InvalidEvent", message);
+}

@@ -1,0 +1,52 @@
+/**
+ * u64 plumbing for the hot path. Events and maps carry u64 hashes as bigint;
+ * the filter works on (hi, lo) pairs of u32 numbers so that no BigInt
+ * arithmetic runs per probe.
+ */
+import { CkfError } from "./errors.js";
+
+/** 2^64 - 1. */
+export const U64_MAX = (1n << 64n) - 1n;
+
+/** The golden-ratio increment shared by SplitMix64, the lane seed and the delta seed. */
+export const GOLDEN_GAMMA = 0x9e37_79b9_7f4a_7c15n;
+
+/** True for a bigint in 0..2^64-1. */
+export function isU64(value: unknown): value is bigint {
+  return typeof value === "bigint" && value >= 0n && value <= U64_MAX;
+}
+
+/** True for a number in 0..2^32-1. */
+export function isU32(value: unknown): value is number {
+  return typeof value === "number" && Number.isInteger(value) && value >= 0 && value <= 0xffff_ffff;
+}
+
+/** The high 32 bits of a u64. */
+export const hi32 = (value: bigint): number => Number(value >> 32n);
+
+/** The low 32 bits of a u64. */
+export const lo32 = (value: bigint): number => Number(value & 0xffff_ffffn);
+
+/** (hi, lo) back to a u64. */
+export const joinU64 = (hi: number, lo: number): bigint => (BigInt(hi >>> 0) << 32n) | BigInt(lo >>> 0);
+
+/** `value` as 8 little-endian bytes (the byte string every reference hash of a u64 reads). */
+export function leU64(value: bigint): Uint8Array {
+  const out = new Uint8Array(8);
+  new DataView(out.buffer).setBigUint64(0, value, true);
+  return out;
+}
+
+/**
+ * Throws unless the host stores typed arrays little-endian. A lane is both a
+ * Uint16Array of slots and the little-endian u64 words of the wire; on a
+ * big-endian host those two views would disagree, so refuse to run there.
+ */
+export function assertLittleEndianHost(): void {
+  if (!HOST_IS_LITTLE_ENDIAN) {
+    throw new CkfError("UnsupportedHost", "CKF lanes need a little-endian host: the u16 slot view and the u64 wire words would disagree");
+  }
+}
+
+/** Checked once at module load; the answer cannot change while the process runs. */
+const HOST_IS_LITTLE_ENDIAN = new Uint8Array(Uint16Array.of(0x0102).buffer)[0] === 0x02;

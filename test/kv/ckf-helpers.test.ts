@@ -1,0 +1,84 @@
+/** Shared helpers of the CKF tests: events, externals, mirrors. */
+import { expect } from "chai";
+import { computeNextSeqHash } from "../../src/kv/hash/index.js";
+import type { DcCkfBucketImage, DcCkfPublicationBatch, RouterEvent, StoredBlock } from "../../src/kv/ckf/index.js";
+
+export const U64_MAX = (1n << 64n) - 1n;
+
+/** A worker's own id for a block: the canonical hash under a per-member mask, as real workers use their own ids. */
+export function external(canonical: bigint, workerId: bigint, dpRank: number): bigint {
+  return canonical ^ ((0xc0de_cafe_d15c_0a11n * (workerId + 1n) + BigInt(dpRank) * 0x1_0000_0001n) & U64_MAX);
+}
+
+/** Canonical hashes of a chain of token hashes continuing `parent` (or from the root). */
+export function chain(tokensHashes: readonly bigint[], parent?: bigint): bigint[] {
+  const out: bigint[] = [];
+  let previous = parent;
+  for (const tokens of tokensHashes) {
+    previous = previous === undefined ? tokens : computeNextSeqHash(previous, tokens);
+    out.push(previous);
+  }
+  return out;
+}
+
+let nextEventId = 1n;
+
+export function storedEvent(
+  workerId: bigint,
+  dpRank: number,
+  blocks: readonly StoredBlock[],
+  extra: { parentHash?: bigint; startPosition?: number; storageTier?: RouterEvent["storageTier"]; residencyDomain?: string } = {},
+): RouterEvent {
+  const { storageTier, residencyDomain, ...data } = extra;
+  return {
+    workerId,
+    dpRank,
+    eventId: nextEventId++,
+    data: { kind: "stored", blocks, ...data },
+    ...(storageTier === undefined ? {} : { storageTier }),
+    ...(residencyDomain === undefined ? {} : { residencyDomain }),
+  };
+}
+
+/** A Stored event whose externals follow `external()` for the member; returns the event and the canonicals. */
+export function storedChain(workerId: bigint, dpRank: number, tokensHashes: readonly bigint[], parentCanonical?: bigint) {
+  const canonicals = chain(tokensHashes, parentCanonical);
+  const blocks = tokensHashes.map((tokensHash, i) => ({ blockHash: external(canonicals[i]!, workerId, dpRank), tokensHash }));
+  const extra = parentCanonical === undefined ? {} : { parentHash: external(parentCanonical, workerId, dpRank) };
+  return { event: storedEvent(workerId, dpRank, blocks, extra), canonicals };
+}
+
+export function removedEvent(workerId: bigint, dpRank: number, blockHashes: readonly bigint[]): RouterEvent {
+  return { workerId, dpRank, eventId: nextEventId++, data: { kind: "removed", blockHashes } };
+}
+
+export function clearedEvent(workerId: bigint, dpRank: number): RouterEvent {
+  return { workerId, dpRank, eventId: nextEventId++, data: { kind: "cleared" } };
+}
+
+/** Applies a batch's images to a consumer's copy of the lane, as the hub and consumers do. */
+export function applyImages(words: BigUint64Array, batch: DcCkfPublicationBatch | { images: readonly DcCkfBucketImage[] } | undefined): void {
+  if (batch === undefined) return;
+  for (const image of batch.images) words[image.bucket] = image.value;
+}
+
+export function sameWords(a: BigUint64Array, b: BigUint64Array): boolean {
+  return Buffer.from(a.buffer, a.byteOffset, a.byteLength).equals(Buffer.from(b.buffer, b.byteOffset, b.byteLength));
+}
+
+// This file holds the helpers the other CKF suites import (it is named *.test.ts
+// so that it stays inside the CKF test files); these checks keep the helpers honest.
+describe("CKF test helpers", () => {
+  it("external() is a per-member bijection of canonical hashes", () => {
+    expect(external(external(42n, 1n, 0), 1n, 0)).to.equal(42n);
+    expect(external(42n, 1n, 0)).not.to.equal(external(42n, 1n, 1));
+    expect(external(42n, 1n, 0)).not.to.equal(external(42n, 2n, 0));
+  });
+
+  it("chain() roots at the tokens hash and chains the rest", () => {
+    const [root, child] = chain([7n, 8n]);
+    expect(root).to.equal(7n);
+    expect(child).to.equal(computeNextSeqHash(7n, 8n));
+    expect(chain([8n], 7n)).to.deep.equal([child]);
+  });
+});
