@@ -61,6 +61,12 @@ export const subcommands: readonly LazySubcommand[] = [
     load: async () => (await import("../encode/index.js")).hopCommand(),
   },
   {
+    name: "kv",
+    description: "KV routing by hand: block and sequence hashes, and where a key sits in the Cuckoo filter",
+    term: "kv",
+    load: async () => (await import("../kv/index.js")).kvCommand(),
+  },
+  {
     name: "images",
     description: "generate images through mmgate.images.v1.ImageService",
     term: "images",
