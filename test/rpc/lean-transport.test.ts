@@ -1273,7 +1273,7 @@ describe("rpc: the lean transport and connect's gRPC transport, as a caller sees
         sent[t].push(plain);
       }
     }
-    // By design: the lean transport never asks for compression (it cannot decompress); connect's asks for gzip and br.
+    // By design: the lean transport never asks for compression (it still reads gzip and br when a server compresses anyway); connect's asks for gzip and br.
     for (const h of sent.lean) expect(h["grpc-accept-encoding"], "lean: grpc-accept-encoding").to.equal(undefined);
     for (const h of sent.connect) expect(h["grpc-accept-encoding"], "connect: grpc-accept-encoding").to.equal("gzip,br");
     for (const h of sent.connect) delete h["grpc-accept-encoding"];
