@@ -27,9 +27,12 @@ function parseCount(what: string, min: number, max: number) {
   };
 }
 
-function parseToken(text: string, previous: number[] = []): number[] {
+function parseToken(text: string, previous: number[] | undefined): number[] {
   if (!/^[0-9]{1,10}$/.test(text) || Number(text) > 0xffff_ffff) throw new InvalidArgumentError(`token "${text}" is not a u32`);
-  return [...previous, Number(text)];
+  // Appended in place: a prompt has tens of thousands of tokens, and a copy per token would be quadratic.
+  const tokens = previous ?? [];
+  tokens.push(Number(text));
+  return tokens;
 }
 
 interface HashOptions {
@@ -57,7 +60,7 @@ export function kvCommand(io: KvCliIo = { out: process.stdout, err: process.stde
   const kv = new Command("kv").description("KV routing by hand: block and sequence hashes, and where a key sits in the Cuckoo filter");
   kv.command("hash")
     .description("print the block hashes and the sequence hashes of a token sequence (complete blocks only)")
-    .requiredOption("--block-size <n>", "tokens per KV block", parseCount("--block-size", 1, 1 << 20))
+    .requiredOption("--block-size <n>", "tokens per KV block", parseCount("--block-size", 1, 0xffff_ffff))
     .option("--lora <name>", "the canonical LoRA adapter name that salts the hashes (never an alias)")
     .option("--namespace <ns>", "the cache namespace (cache_salt) that salts the hashes")
     .option("--eagle", "Eagle windows: block size + 1 tokens, stride block size")

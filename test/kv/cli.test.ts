@@ -88,10 +88,21 @@ describe("mmgate kv", () => {
     expect(hex.out).to.equal(out);
   });
 
+  it("hash reads a long prompt (40,000 tokens) as it reads a short one", async () => {
+    const tokens = Array.from({ length: 40_000 }, (_, i) => String(i % 32_000));
+    const { out, code } = await kv("hash", "--block-size", "16", "--json", ...tokens);
+    expect(code).to.equal(0);
+    const parsed = JSON.parse(out) as { tokens: number; blocks: { blockHash: string }[] };
+    expect(parsed.tokens).to.equal(40_000);
+    expect(parsed.blocks).to.have.length(2_500);
+    expect(parsed.blocks[2_499]!.blockHash).to.equal(String(xxh3.xxh64(le32(Array.from({ length: 16 }, (_, i) => (39_984 + i) % 32_000)), 1337n)));
+  });
+
   for (const [name, args, message] of [
     ["a token past u32", ["hash", "--block-size", "4", "4294967296"], /token "4294967296" is not a u32/],
     ["a token that is no number", ["hash", "--block-size", "4", "x"], /token "x" is not a u32/],
     ["block size 0", ["hash", "--block-size", "0", "1"], /--block-size must be an integer from 1/],
+    ["a block size past u32", ["hash", "--block-size", "4294967296", "1"], /--block-size must be an integer from 1 to 4294967295/],
     ["a bucket count that is no power of two", ["locate", "--buckets", "1000", "1"], /--buckets must be a power of two/],
     ["a key past 2^64 - 1", ["locate", "--buckets", "1024", "18446744073709551616"], /past 2\^64 - 1/],
     ["a negative key", ["locate", "--buckets", "1024", "--", "-1"], /must be a u64/],
