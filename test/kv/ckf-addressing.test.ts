@@ -3,6 +3,7 @@ import fc from "fast-check";
 import { xxh3_64 } from "../../src/bytes/index.js";
 import {
   CkfAddressing,
+  CkfError,
   DEFAULT_CKF_CONFIG,
   hi32,
   laneSeed,
@@ -152,6 +153,44 @@ describe("CKF addressing", () => {
       expect(addressing.deltas.every((delta) => delta === 1)).to.equal(true);
       const wide = new CkfAddressing(DEFAULT_CKF_CONFIG.seed, 1 << 20);
       expect(wide.deltas.every((delta) => delta >= 1 && delta < 1 << 20)).to.equal(true);
+    });
+
+    it("locateKey refuses what CkfAddressing refuses, with the same codes, and keys outside u64 (InvalidKey)", () => {
+      const code = (f: () => unknown) => {
+        try {
+          f();
+        } catch (error) {
+          expect(error).to.be.instanceOf(CkfError);
+          return (error as CkfError).code;
+        }
+        return undefined;
+      };
+      const seed = DEFAULT_CKF_CONFIG.seed;
+      for (const key of [-1n, 1n << 64n, U64_MAX + 5n, 7 as unknown as bigint, undefined as unknown as bigint]) {
+        expect(code(() => locateKey(key, { seed, bucketCount: 1024 })), `key ${String(key)}`).to.equal("InvalidKey");
+      }
+      const layouts: [bigint, number][] = [
+        [seed, 0],
+        [seed, 1],
+        [seed, 3],
+        [seed, 1000],
+        [seed, 1.5],
+        [seed, Number.NaN],
+        [seed, -2],
+        [seed, 1 << 25],
+        [seed, 2 ** 40],
+        [-1n, 1024],
+        [1n << 64n, 1024],
+        [5 as unknown as bigint, 1024],
+      ];
+      for (const [layoutSeed, buckets] of layouts) {
+        const expected = code(() => new CkfAddressing(layoutSeed, buckets));
+        expect(expected, `seed ${String(layoutSeed)} buckets ${buckets}`).to.be.oneOf(["InvalidIdentity", "BucketCountTooLarge", "InvalidSeed"]);
+        expect(code(() => locateKey(1n, { seed: layoutSeed, bucketCount: buckets })), `seed ${String(layoutSeed)} buckets ${buckets}`).to.equal(expected);
+      }
+      // The edges of the valid ranges still answer.
+      expect(code(() => locateKey(U64_MAX, { seed: U64_MAX, bucketCount: 2 }))).to.equal(undefined);
+      expect(code(() => locateKey(0n, { seed: 0n, bucketCount: 1 << 24 }))).to.equal(undefined);
     });
 
     it("rejects bucket counts that are not powers of two, or above 2^24", () => {

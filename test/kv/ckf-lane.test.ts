@@ -173,18 +173,69 @@ describe("CKF lane", () => {
     });
 
     it("reports each write to the observer before it happens, including rolled-back ones", () => {
-      const lane = new CkfLane({ seed: SEED, bucketCount: 2, maxKicks: 8 });
-      const seen: { bucket: number; word: bigint }[] = [];
-      const observer: CkfWriteObserver = { beforeWrite: (bucket) => seen.push({ bucket, word: lane.word(bucket) }) };
+      const lane = new CkfLane({ seed: SEED, bucketCount: 8, maxKicks: 8 });
+      // Each report: the bucket, the word the observer read, and the whole lane at that moment.
+      const seen: { bucket: number; word: bigint; lane: Uint16Array }[] = [];
+      const observer: CkfWriteObserver = { beforeWrite: (bucket) => seen.push({ bucket, word: lane.word(bucket), lane: lane.slots.slice() }) };
       lane.observer = observer;
-      const { before } = fillUntilFull(lane, 19n);
-      const failedWrites = seen.length;
+      const wordOf = (slots: Uint16Array, bucket: number) => {
+        const s = Array.from(slots.subarray(bucket * 4, bucket * 4 + 4), BigInt);
+        return s[0]! | (s[1]! << 16n) | (s[2]! << 32n) | (s[3]! << 48n);
+      };
+      /**
+       * Replays the reports of one operation that started from `start` and ended at `end`:
+       * nothing is written before the first report, and between two reports (and after the
+       * last) exactly the reported bucket changed, in at most one slot. So the word each
+       * report carries is its bucket's word before that write.
+       */
+      const checkReports = (start: Uint16Array, end: Uint16Array | undefined) => {
+        let previous = start;
+        for (let k = 0; k <= seen.length; k++) {
+          const now = k < seen.length ? seen[k]!.lane : end;
+          if (now === undefined) break;
+          if (k > 0) {
+            const written = seen[k - 1]!.bucket;
+            const changed = Array.from(now.keys()).filter((i) => now[i] !== previous[i]);
+            expect(changed.length, `report ${k - 1}: slots written between reports`).to.be.at.most(1);
+            for (const i of changed) expect(i >> 2, `report ${k - 1}: the written slot's bucket`).to.equal(written);
+          } else {
+            expect(Array.from(now), "nothing written before the first report").to.deep.equal(Array.from(previous));
+          }
+          // `now` is the lane after exactly the writes reported before this one.
+          if (k < seen.length) expect(seen[k]!.word, `report ${k}: the word before the write`).to.equal(wordOf(now, seen[k]!.bucket));
+          previous = now;
+        }
+      };
+      // Inserts until one fails, each checked on its own; successful eviction walks happen on the way.
+      const keyList = keys(64, 19n);
+      let failedAt = -1;
+      let walks = 0;
+      for (let i = 0; i < keyList.length; i++) {
+        seen.length = 0;
+        const start = lane.slots.slice();
+        const ok = insert(lane, keyList[i]!);
+        checkReports(start, ok ? lane.slots.slice() : undefined);
+        if (ok) {
+          expect(seen.length, `insert ${i}`).to.equal(lane.lastWrites);
+          if (lane.lastWrites > 1) walks++;
+          continue;
+        }
+        failedAt = i;
+        // A failed walk reports every kick before writing it, then rolls back unreported.
+        expect(seen.length).to.equal(8);
+        expect(seen[0]!.word).to.equal(wordOf(start, seen[0]!.bucket));
+        expect(Buffer.from(lane.slots.buffer).equals(Buffer.from(start.buffer))).to.equal(true);
+        break;
+      }
+      expect(failedAt, "the lane filled up").to.be.greaterThan(16);
+      expect(walks, "successful eviction walks").to.be.greaterThan(0);
+      // Removals report too.
       seen.length = 0;
-      const key = keys(1, 23n)[0]!;
-      expect(insert(lane, key)).to.equal(false);
-      expect(seen.length).to.equal(8);
-      expect(failedWrites).to.be.greaterThan(0);
-      expect(Buffer.from(lane.slots.buffer).equals(Buffer.from(before.buffer))).to.equal(true);
+      const start = lane.slots.slice();
+      remove(lane, keyList[0]!);
+      checkReports(start, lane.slots.slice());
+      expect(seen.length).to.equal(1);
+      expect(seen[0]!.word).not.to.equal(lane.word(seen[0]!.bucket));
     });
 
     it("with maxKicks 0 (or relocate off) tries only the two home buckets and writes nothing when both are full", () => {
@@ -202,6 +253,13 @@ describe("CKF lane", () => {
       expect(insert(relocating, keys(1, 31n)[0]!, false)).to.equal(false);
       expect(Array.from(relocating.slots)).to.deep.equal(Array.from(before));
     });
+  });
+
+  it("rejects a lane that is not an integer in 0..15 with a typed error (InvalidIdentity)", () => {
+    for (const lane of [-1, 16, 1.5, Number.NaN, Number.POSITIVE_INFINITY, 2 ** 53, "1" as unknown as number, 1n as unknown as number]) {
+      expect(() => new CkfLane({ seed: SEED, bucketCount: 2, maxKicks: 1, lane }), String(lane)).to.throw(CkfError).with.property("code", "InvalidIdentity");
+    }
+    for (const lane of [undefined, 0, 15]) expect(new CkfLane({ seed: SEED, bucketCount: 2, maxKicks: 1, lane }).bucketCount).to.equal(2);
   });
 
   it("rejects maxKicks outside 0..4096", () => {

@@ -171,6 +171,50 @@ describe("DcCkfPublisher", () => {
     expect(sameWords(mirror, state.words())).to.equal(true);
   });
 
+  describe("EmptyDelta: a batch without images is refused (the consumer deactivates on an empty delta, B.9)", () => {
+    const EMPTY: DcCkfPublicationBatch = { images: [] };
+    for (const [what, lease, fence] of [
+      ["on a lease", LEASE, undefined],
+      ["without a lease", undefined, undefined],
+      ["when fenced", LEASE, "LeaseStalled"],
+    ] as const) {
+      it(what, () => {
+        const { deltas, sink } = recorder();
+        const publisher = new DcCkfPublisher(identity(), { lastSequence: 4n, sink, lease });
+        if (fence !== undefined) publisher.fence(fence);
+        expect(() => publisher.publish(EMPTY)).to.throw(CkfError).with.property("code", "EmptyDelta");
+        expect(deltas).to.deep.equal([]);
+        expect(publisher.lastSequence).to.equal(4n);
+        // A caller's bug, not a delivery problem: the refusal does not fence.
+        expect(publisher.fenced).to.equal(fence);
+        if (lease !== undefined && fence === undefined) {
+          const next = publisher.publish(BATCH);
+          expect(next.kind === "published" && [next.delta.baseSequence, next.delta.sequence]).to.deep.equal([4n, 5n]);
+        }
+      });
+    }
+  });
+
+  it("snapshotAfterBarrier refuses a state of another format (FormatMismatch) before draining or publishing anything", () => {
+    const { deltas, sink } = recorder();
+    const publisher = new DcCkfPublisher(identity(), { lastSequence: 9n, sink, lease: LEASE });
+    for (const config of [
+      { expectedBlocksPerDc: 64, seed: 0x5eedn },
+      { expectedBlocksPerDc: 4096 },
+    ]) {
+      const state = new DcCkfState({ ...config, publishEveryNEvents: 100 });
+      state.applyEvent(storedChain(1n, 0, [1n]).event);
+      expect(() => publisher.snapshotAfterBarrier(state, NEXT_LEASE)).to.throw(CkfError).with.property("code", "FormatMismatch");
+      expect(state.stats().pendingEvents).to.equal(1);
+      expect(deltas).to.deep.equal([]);
+      expect(publisher.lease).to.equal(LEASE);
+      expect(publisher.lastSequence).to.equal(9n);
+    }
+    // The matching format still works.
+    const state = new DcCkfState({ expectedBlocksPerDc: 64, publishEveryNEvents: 100 });
+    expect(publisher.snapshotAfterBarrier(state, NEXT_LEASE).lease).to.equal(NEXT_LEASE);
+  });
+
   describe("identity types", () => {
     it("rejects layoutGeneration 0, digests that are not 16 bytes, out-of-range fields", () => {
       const good = identity();

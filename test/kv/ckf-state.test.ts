@@ -1,5 +1,5 @@
 import { expect } from "chai";
-import { CkfError, DcCkfState, locateKey, type ApplyOutcome, type CkfErrorCode } from "../../src/kv/ckf/index.js";
+import { CkfError, DcCkfState, locateKey, targetsPrimary, type ApplyOutcome, type CkfErrorCode } from "../../src/kv/ckf/index.js";
 import {
   applyImages,
   chain,
@@ -270,6 +270,75 @@ describe("DcCkfState", () => {
       expect(state.stats().pendingEvents).to.equal(0);
     });
 
+    describe("InvalidEvent: a malformed shape is a returned error, never a throw, and changes nothing", () => {
+      const stored = (data: unknown) => ({ workerId: W1, dpRank: 0, eventId: 1n, data });
+      const noPrimitive = Object.create(null) as object;
+      const cases: [string, unknown][] = [
+        ["null", null],
+        ["undefined", undefined],
+        ["a number", 42],
+        ["a string", "event"],
+        ["data missing", { workerId: W1, dpRank: 0, eventId: 1n }],
+        ["data null", stored(null)],
+        ["data a number", stored(5)],
+        ["data without a kind", stored({})],
+        ["an unknown kind", stored({ kind: "mystery" })],
+        ["a bigint kind", stored({ kind: 5n })],
+        ["a kind without a primitive form", stored({ kind: noPrimitive })],
+        ["Stored without blocks", stored({ kind: "stored" })],
+        ["Stored with blocks null", stored({ kind: "stored", blocks: null })],
+        ["Stored with blocks an array-like", stored({ kind: "stored", blocks: { length: 1, 0: { blockHash: 1n, tokensHash: 1n } } })],
+        ["Stored with a null block", stored({ kind: "stored", blocks: [null] })],
+        ["Stored with a hole for a block", stored({ kind: "stored", blocks: new Array(1) })],
+        ["Stored with a number block", stored({ kind: "stored", blocks: [{ blockHash: 1n, tokensHash: 1n }, 7] })],
+        ["Stored with a block missing its hashes", stored({ kind: "stored", blocks: [{}] })],
+        ["Stored with a number hash", stored({ kind: "stored", blocks: [{ blockHash: 1, tokensHash: 1n }] })],
+        ["Stored with a null parent", stored({ kind: "stored", parentHash: null, blocks: [] })],
+        ["Stored with a fractional start position", stored({ kind: "stored", startPosition: 0.5, blocks: [] })],
+        ["Removed without block hashes", stored({ kind: "removed" })],
+        ["Removed with a null hash", stored({ kind: "removed", blockHashes: [null] })],
+        ["Removed with a typed array", stored({ kind: "removed", blockHashes: BigUint64Array.of(1n) })],
+        ["a worker id without a primitive form", { ...stored({ kind: "cleared" }), workerId: noPrimitive }],
+        ["a non-string residency domain", { ...stored({ kind: "cleared" }), residencyDomain: 5 }],
+        ["a null storage tier", { ...stored({ kind: "cleared" }), storageTier: null }],
+      ];
+      for (const [what, event] of cases) {
+        it(what, () => {
+          const state = new DcCkfState({ expectedBlocksPerDc: 64, publishEveryNEvents: 1 });
+          const existing = storedChain(W1, 0, [1n, 2n]);
+          state.applyEvent(existing.event);
+          const before = laneCopy(state);
+          const statsBefore = state.stats();
+          let outcome: ApplyOutcome | undefined;
+          expect(() => (outcome = state.applyEvent(event as never))).not.to.throw();
+          expectError(outcome!, "InvalidEvent");
+          expect(outcome!.publication).to.equal(undefined);
+          expect(sameWords(before, state.words())).to.equal(true);
+          expect(state.stats()).to.deep.equal(statsBefore);
+          expect(state.ownership(existing.canonicals[1]!)).to.deep.equal({ owners: 1, resident: true });
+        });
+      }
+    });
+
+    it("the residency gate comes first (B.4 step 1): a malformed event for another tier or domain is ignored, not refused", () => {
+      const state = new DcCkfState({ expectedBlocksPerDc: 64, publishEveryNEvents: 1 });
+      const malformed = { workerId: -1n, dpRank: 0.5, eventId: 1n, data: { kind: "stored", blocks: [null] } };
+      for (const residency of [{ storageTier: "host_pinned" }, { storageTier: "disk" }, { residencyDomain: "cache_owner" }, { residencyDomain: "cache_owner", storageTier: "device" }]) {
+        expect(state.applyEvent({ ...malformed, ...residency } as never), JSON.stringify(residency)).to.deep.equal({ firstError: undefined, publication: undefined });
+        expect(state.applyEvent({ ...residency, workerId: W1, dpRank: 0, eventId: 1n } as never)).to.deep.equal({ firstError: undefined, publication: undefined });
+      }
+      // An unknown domain or tier is still refused as such, whatever the body.
+      expectError(state.applyEvent({ ...malformed, residencyDomain: "mystery" } as never), "UnsupportedResidencyDomain");
+      expectError(state.applyEvent({ ...malformed, storageTier: "tape" } as never), "UnsupportedResidencyDomain");
+      // A primary-tier malformed event reaches the shape check.
+      expectError(state.applyEvent({ ...malformed, storageTier: "device" } as never), "InvalidEvent");
+      expect(state.stats()).to.include({ pendingEvents: 0, members: 0, occupiedSlots: 0 });
+      // targetsPrimary answers the same gate, throwing.
+      expect(() => targetsPrimary({ ...malformed, storageTier: 7 } as never)).to.throw(CkfError).with.property("code", "InvalidEvent");
+      expect(() => targetsPrimary(null as never)).to.throw(CkfError).with.property("code", "InvalidEvent");
+      expect(targetsPrimary({ ...malformed, storageTier: "external" } as never)).to.equal(false);
+    });
+
     it("keeps the first error and still applies later events' siblings", () => {
       const state = new DcCkfState({ expectedBlocksPerDc: 64 });
       state.applyEvent(storedChain(W1, 0, [1n]).event);
@@ -338,7 +407,9 @@ describe("DcCkfState", () => {
       state.applyEvent(storedChain(W1, 0, [1n, 2n, 3n]).event);
       const [tail, words] = state.barrierSnapshot();
       expect(tail!.images.length).to.be.greaterThan(0);
-      expect(words).not.to.equal(state.words());
+      // A copy, not a view: its memory is not the lane's (words() makes a new view each call,
+      // so comparing the arrays themselves could never fail).
+      expect(words.buffer === state.words().buffer, "the snapshot shares the lane's memory").to.equal(false);
       expect(sameWords(words, state.words())).to.equal(true);
       applyImages(mirror, tail);
       expect(sameWords(mirror, words)).to.equal(true);

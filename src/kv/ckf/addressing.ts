@@ -13,8 +13,8 @@
  */
 import { xxh3_64 } from "../../bytes/index.js";
 import { MAX_RELAY_BUCKET_COUNT } from "./config.js";
-import { CkfError } from "./errors.js";
-import { GOLDEN_GAMMA, leU64, U64_MAX } from "./u64.js";
+import { CkfError, describeValue } from "./errors.js";
+import { GOLDEN_GAMMA, isU64, leU64 } from "./u64.js";
 import { Xxh3Of8 } from "./xxh3-8.js";
 
 const FINGERPRINTS = 1 << 16;
@@ -62,6 +62,23 @@ function deltaTable(seed: bigint, mask: number): Uint32Array {
   return table;
 }
 
+/**
+ * Throws CkfError unless (seed, bucketCount) is a layout the addressing can
+ * serve: a u64 seed (InvalidSeed) and a power of two in 2..2^24
+ * (BucketCountTooLarge above, InvalidIdentity otherwise). At most 2^24 keeps
+ * `mask` a small positive int32 for the fast path's bit operations; the BigInt
+ * path shares the check so that both answer for exactly the same layouts.
+ */
+function checkLayout(seed: bigint, bucketCount: number): void {
+  if (!isU64(seed)) throw new CkfError("InvalidSeed", `seed ${describeValue(seed)} is not a u64`);
+  if (typeof bucketCount === "number" && bucketCount > MAX_RELAY_BUCKET_COUNT) {
+    throw new CkfError("BucketCountTooLarge", `bucket count ${bucketCount} exceeds ${MAX_RELAY_BUCKET_COUNT}`);
+  }
+  if (!Number.isInteger(bucketCount) || bucketCount < 2 || (bucketCount & (bucketCount - 1)) !== 0) {
+    throw new CkfError("InvalidIdentity", `bucket count ${describeValue(bucketCount)} is not a power of two >= 2`);
+  }
+}
+
 /** The addressing of one (seed, bucket count); `probe` fills reused fields. */
 export class CkfAddressing {
   readonly seed: bigint;
@@ -76,14 +93,7 @@ export class CkfAddressing {
   private readonly mixer: Xxh3Of8;
 
   constructor(seed: bigint, bucketCount: number) {
-    if (typeof seed !== "bigint" || seed < 0n || seed > U64_MAX) throw new CkfError("InvalidSeed", `seed ${String(seed)} is not a u64`);
-    // At most 2^24 (the relay's bound) keeps `mask` a small positive int32 for the bit operations below.
-    if (typeof bucketCount === "number" && bucketCount > MAX_RELAY_BUCKET_COUNT) {
-      throw new CkfError("BucketCountTooLarge", `bucket count ${bucketCount} exceeds ${MAX_RELAY_BUCKET_COUNT}`);
-    }
-    if (!Number.isInteger(bucketCount) || bucketCount < 2 || (bucketCount & (bucketCount - 1)) !== 0) {
-      throw new CkfError("InvalidIdentity", `bucket count ${bucketCount} is not a power of two >= 2`);
-    }
+    checkLayout(seed, bucketCount);
     this.seed = seed;
     this.bucketCount = bucketCount;
     this.mask = bucketCount - 1;
@@ -122,8 +132,14 @@ export interface CkfLocation {
 /**
  * B.2 in BigInt through the library, independent of the 32-bit fast path:
  * what `mmgate kv locate` prints and what the tests hold the fast path to.
+ * Throws CkfError for a key that is not a u64 (InvalidKey: le_u64 would wrap
+ * it, or throw a bare TypeError) and for a layout CkfAddressing refuses (the
+ * mask arithmetic would otherwise answer silently for a layout that cannot
+ * exist, e.g. bucket count 0 masks with -1).
  */
 export function locateKey(key: bigint, format: { readonly seed: bigint; readonly bucketCount: number }): CkfLocation {
+  if (!isU64(key)) throw new CkfError("InvalidKey", `key ${describeValue(key)} is not a u64`);
+  checkLayout(format.seed, format.bucketCount);
   const mask = BigInt(format.bucketCount - 1);
   const mixed = xxh3_64(leU64(key), format.seed);
   const fingerprint = Number(mixed & 0xffffn) || 1;

@@ -35,15 +35,39 @@ export const CKF_ERROR_CODES = [
   "InvalidBlockSequence",
   /** A canonical hash already has 2^32 - 1 owners. */
   "OwnershipDegreeOverflow",
-  /** An event field is out of range (a hash not a u64, a rank not a u32); nothing changed. */
+  /**
+   * An event is malformed: not an object, an unknown data kind, a missing or
+   * non-array block list, a block that is not an object, a field of the wrong
+   * type or out of range (a hash not a u64, a rank not a u32), or a residency
+   * field that is not a string; nothing changed.
+   */
   "InvalidEvent",
+  /** A key given to the filter directly (e.g. `locateKey`) is not a u64. */
+  "InvalidKey",
   // --- publication ---------------------------------------------------------
   /** The publisher is fenced (SequenceExhausted, DeliveryUncertain or LeaseStalled); see `fence`. */
   "Fenced",
   /** The sequence is at u64::MAX: no barrier snapshot can be taken on this publisher. */
   "SequenceExhausted",
-  /** An identity or lease field is out of range (layoutGeneration 0, a digest not 16 bytes, ...). */
+  /**
+   * An identity, lease or layout field is out of range (layoutGeneration 0, a
+   * digest not 16 bytes, a bucket count not a power of two, a lane index outside
+   * 0..CKF_LANE_COUNT-1, ...).
+   */
   "InvalidIdentity",
+  /**
+   * A batch with no images was given to `publish`. The consumer deactivates on
+   * an empty delta (B.9 EmptyDelta), so the producer never sends one; drains
+   * yield no batch when nothing changed. Nothing was sent, the sequence stays
+   * and the publisher is not fenced.
+   */
+  "EmptyDelta",
+  /**
+   * A barrier snapshot was asked of a state whose format identity differs from
+   * the publisher's: its words would be read with the wrong seed or bucket
+   * count by every consumer. Nothing was drained or published.
+   */
+  "FormatMismatch",
 ] as const;
 
 export type CkfErrorCode = (typeof CKF_ERROR_CODES)[number];
@@ -64,6 +88,29 @@ export class CkfError extends Error {
     super(message, init.cause === undefined ? undefined : { cause: init.cause });
     this.name = "CkfError";
     this.fence = init.fence;
+  }
+}
+
+/**
+ * A short description of any value for an error message. String() throws on
+ * objects without a primitive conversion (Object.create(null)) and
+ * JSON.stringify throws on bigints; a message must never be what throws.
+ */
+export function describeValue(value: unknown): string {
+  switch (typeof value) {
+    case "string":
+      return JSON.stringify(value.length > 64 ? `${value.slice(0, 64)}...` : value);
+    case "bigint":
+    case "number":
+    case "boolean":
+    case "undefined":
+      return String(value);
+    case "symbol":
+      return value.toString();
+    case "function":
+      return "a function";
+    default:
+      return value === null ? "null" : Array.isArray(value) ? "an array" : "an object";
   }
 }
 

@@ -4,7 +4,7 @@
  * ("external") block ids; `tokensHash` is the LocalBlockHash of the block's
  * tokens, from which the canonical sequence hash is chained.
  */
-import { CkfError } from "./errors.js";
+import { CkfError, describeValue } from "./errors.js";
 
 /** Where a block's KV lives. Only the device tier is what the router routes to. */
 export type StorageTier = "device" | "host_pinned" | "disk" | "external";
@@ -50,18 +50,31 @@ export interface RouterEvent {
 }
 
 /**
- * Whether the event changes the primary (device-tier, serving) cache: true
- * to apply it, false to ignore it completely. Throws CkfError
- * UnsupportedResidencyDomain for a domain or tier this build does not know,
- * because guessing either way could publish a wrong filter.
+ * B.4 step 1, the residency gate, without throwing: true to apply the event,
+ * false to ignore it completely, or the error that rejects it. It reads only
+ * the event's two residency fields, so it can run before the rest of the
+ * event is checked. A domain or tier that is a string this build does not know
+ * is UnsupportedResidencyDomain (guessing either way could publish a wrong
+ * filter); a non-object event, or a residency field that is present but not a
+ * string, cannot be read at all and is InvalidEvent.
  */
-export function targetsPrimary(event: RouterEvent): boolean {
-  const domain = event.residencyDomain;
+export function residencyGate(event: RouterEvent): boolean | CkfError {
+  if (typeof event !== "object" || event === null) {
+    return new CkfError("InvalidEvent", `an event is an object, not ${describeValue(event)}`);
+  }
+  const domain: unknown = event.residencyDomain;
+  const tier: unknown = event.storageTier;
+  if (domain !== undefined && typeof domain !== "string") {
+    return new CkfError("InvalidEvent", `residency domain ${describeValue(domain)} is not a string`);
+  }
+  if (tier !== undefined && typeof tier !== "string") {
+    return new CkfError("InvalidEvent", `storage tier ${describeValue(tier)} is not a string`);
+  }
   if (domain !== undefined && domain !== "primary") {
     if (domain === "cache_owner") return false;
-    throw new CkfError("UnsupportedResidencyDomain", `residency domain ${JSON.stringify(domain)} is not supported`);
+    return new CkfError("UnsupportedResidencyDomain", `residency domain ${describeValue(domain)} is not supported`);
   }
-  switch (event.storageTier) {
+  switch (tier) {
     case undefined:
     case "device":
       return true;
@@ -70,6 +83,18 @@ export function targetsPrimary(event: RouterEvent): boolean {
     case "external":
       return false;
     default:
-      throw new CkfError("UnsupportedResidencyDomain", `storage tier ${JSON.stringify(event.storageTier)} is not supported`);
+      return new CkfError("UnsupportedResidencyDomain", `storage tier ${describeValue(tier)} is not supported`);
   }
+}
+
+/**
+ * Whether the event changes the primary (device-tier, serving) cache: true
+ * to apply it, false to ignore it completely. Throws what `residencyGate`
+ * returns: CkfError UnsupportedResidencyDomain for a domain or tier this build
+ * does not know, InvalidEvent for one that is not a string.
+ */
+export function targetsPrimary(event: RouterEvent): boolean {
+  const verdict = residencyGate(event);
+  if (typeof verdict === "boolean") return verdict;
+  throw verdict;
 }

@@ -26,7 +26,7 @@ export { CkfLane, type CkfLaneOptions, type CkfWriteObserver } from "./lane.js";
 export { laneSeed, SplitMix64, splitMix64Reference } from "./splitmix.js";
 export { Xxh3Of8 } from "./xxh3-8.js";
 export { hi32, joinU64, lo32 } from "./u64.js";
-export { targetsPrimary, type KvCacheEventData, type ResidencyDomain, type RouterEvent, type StorageTier, type StoredBlock } from "./events.js";
+export { residencyGate, targetsPrimary, type KvCacheEventData, type ResidencyDomain, type RouterEvent, type StorageTier, type StoredBlock } from "./events.js";
 export {
   digestIdentity,
   laneLease,

@@ -7,8 +7,8 @@
  * means empty (fingerprints are never 0).
  */
 import { CkfAddressing } from "./addressing.js";
-import { MAX_KICKS } from "./config.js";
-import { CkfError } from "./errors.js";
+import { CKF_LANE_COUNT, MAX_KICKS } from "./config.js";
+import { CkfError, describeValue } from "./errors.js";
 import { laneSeed, SplitMix64 } from "./splitmix.js";
 import { assertLittleEndianHost } from "./u64.js";
 
@@ -27,7 +27,7 @@ export interface CkfLaneOptions {
   readonly bucketCount: number;
   /** Evictions per insert before giving up, 0..4096; 0 tries the two home buckets only. */
   readonly maxKicks: number;
-  /** Which lane's RNG stream to use (the DC state uses lane 0). */
+  /** Which lane's RNG stream to use, 0..CKF_LANE_COUNT-1 (the DC state uses lane 0). Default 0. */
   readonly lane?: number;
 }
 
@@ -50,16 +50,21 @@ export class CkfLane {
 
   constructor(options: CkfLaneOptions) {
     assertLittleEndianHost();
-    const { seed, bucketCount, maxKicks } = options;
+    const { seed, bucketCount, maxKicks, lane = 0 } = options;
     if (!Number.isInteger(maxKicks) || maxKicks < 0 || maxKicks > MAX_KICKS) {
-      throw new CkfError("InvalidMaxKicks", `maxKicks ${maxKicks} is outside 0..${MAX_KICKS}`);
+      throw new CkfError("InvalidMaxKicks", `maxKicks ${describeValue(maxKicks)} is outside 0..${MAX_KICKS}`);
+    }
+    // Checked here rather than left to BigInt(lane), which throws a bare
+    // RangeError for a fraction and happily derives a seed from -1 or 1e9.
+    if (!Number.isInteger(lane) || lane < 0 || lane >= CKF_LANE_COUNT) {
+      throw new CkfError("InvalidIdentity", `lane ${describeValue(lane)} is not an integer in 0..${CKF_LANE_COUNT - 1}`);
     }
     this.addressing = new CkfAddressing(seed, bucketCount);
     this.seed = seed;
     this.bucketCount = bucketCount;
     this.maxKicks = maxKicks;
     this.slots = new Uint16Array(bucketCount * 4);
-    this.rng = new SplitMix64(laneSeed(seed, options.lane ?? 0));
+    this.rng = new SplitMix64(laneSeed(seed, lane));
     this.undoSlot = new Int32Array(maxKicks);
     this.undoValue = new Uint16Array(maxKicks);
   }

@@ -5,7 +5,7 @@
  * not events; a consumer that installed snapshot N expects exactly N -> N+1.
  */
 import { CkfError, type FenceReason } from "./errors.js";
-import type { ConsumerDrainMarker, DcCkfDelta, DcCkfPublicationBatch, DcCkfSnapshot, LaneLease, ProducerIdentity } from "./identity.js";
+import { sameFormat, type ConsumerDrainMarker, type DcCkfDelta, type DcCkfPublicationBatch, type DcCkfSnapshot, type LaneLease, type ProducerIdentity } from "./identity.js";
 import type { DcCkfState } from "./state.js";
 import { isU64, U64_MAX } from "./u64.js";
 
@@ -63,9 +63,15 @@ export class DcCkfPublisher {
 
   /**
    * Publishes one batch as delta last -> last+1. Throws CkfError Fenced when
-   * the publisher is or becomes fenced (the sequence never advances then).
+   * the publisher is or becomes fenced (the sequence never advances then), and
+   * EmptyDelta for a batch without images, before anything else: a consumer
+   * deactivates on an empty delta (B.9), so one is a caller's bug whatever
+   * the publisher's state, and it neither fences nor advances.
    */
   publish(batch: DcCkfPublicationBatch): PublishResult {
+    if (batch.images.length === 0) {
+      throw new CkfError("EmptyDelta", "a delta needs at least one image: the consumer deactivates on an empty one");
+    }
     if (this.fenceValue !== undefined) throw fencedError(this.fenceValue);
     const lease = this.leaseValue;
     if (lease === undefined) return { kind: "no_subscriber", sequence: this.last };
@@ -101,9 +107,20 @@ export class DcCkfPublisher {
    * with the pending tail first published on the old lease (so the old
    * subscriber's last delta matches the snapshot's sequence), then the new
    * lease installed and any fence cleared. Throws SequenceExhausted when no
-   * sequence is left to continue from.
+   * sequence is left to continue from, and FormatMismatch when the state's
+   * format is not the identity's: consumers would read its words with the
+   * identity's seed and bucket count. Both are checked before the barrier, so
+   * a refusal drains and publishes nothing.
    */
   snapshotAfterBarrier(state: DcCkfState, newLease: LaneLease): DcCkfSnapshot {
+    const format = state.format();
+    if (!sameFormat(format, this.identity.format)) {
+      throw new CkfError(
+        "FormatMismatch",
+        `the state's format (seed ${format.seed}, ${format.bucketCount} buckets) is not the publisher's ` +
+          `(seed ${this.identity.format.seed}, ${this.identity.format.bucketCount} buckets)`,
+      );
+    }
     if (this.last === U64_MAX || this.fenceValue === "SequenceExhausted") {
       throw new CkfError("SequenceExhausted", "the publication sequence is exhausted; start a new producer generation");
     }

@@ -12,8 +12,8 @@
 import { computeNextSeqHash } from "../hash/index.js";
 import { ckfConfig, formatIdentity, validateCkfConfig, type CkfConfig, type CkfConfigInit, type DcCkfFormatIdentity } from "./config.js";
 import { DirtyWindow } from "./dirty.js";
-import { CkfError } from "./errors.js";
-import { targetsPrimary, type KvCacheEventData, type RouterEvent } from "./events.js";
+import { CkfError, describeValue } from "./errors.js";
+import { residencyGate, type KvCacheEventData, type RouterEvent, type StoredBlock } from "./events.js";
 import type { DcCkfPublicationBatch } from "./identity.js";
 import { CkfLane } from "./lane.js";
 import { hi32, isU32, isU64, lo32 } from "./u64.js";
@@ -108,17 +108,19 @@ export class DcCkfState {
   /**
    * Applies one event: the residency gate, then Stored / Removed / Cleared,
    * then a publication boundary when enough events are pending. Failures are
-   * returned, not thrown: the first one is kept, the rest of the event still
-   * applies (except where the spec rejects the whole event before mutating).
+   * returned, not thrown, whatever the caller passes: the first one is kept,
+   * the rest of the event still applies (except where the spec rejects the
+   * whole event before mutating, and for a malformed event: InvalidEvent).
    */
   applyEvent(event: RouterEvent): ApplyOutcome {
+    // B.4 step 1 comes first: an event for another tier or domain is ignored
+    // completely, whatever its body holds. The gate reads only the residency
+    // fields and refuses (InvalidEvent) an event whose fields it cannot read.
+    const gate = residencyGate(event);
+    if (gate === false) return NOTHING;
+    if (gate !== true) return { firstError: gate, publication: undefined };
     const invalid = checkEvent(event);
     if (invalid !== undefined) return { firstError: invalid, publication: undefined };
-    try {
-      if (!targetsPrimary(event)) return NOTHING;
-    } catch (error) {
-      return { firstError: error as CkfError, publication: undefined };
-    }
     this.pending++;
     const data = event.data;
     let error: CkfError | undefined;
@@ -393,30 +395,49 @@ export class DcCkfState {
   }
 }
 
-/** Range checks the filter relies on (a hash outside u64 would alias after the (hi, lo) split). */
+/**
+ * The shape and range checks of an event that passed the residency gate (so
+ * it is an object), in one pass over its blocks. Events come from decoders
+ * and other JavaScript, where the type is a hope: a missing block list or a
+ * null block would otherwise throw a bare TypeError halfway through applying,
+ * and a hash outside u64 would alias another key after the (hi, lo) split.
+ * `eventId` and `mmExtraInfo` are carried, never read, so they are not checked.
+ */
 function checkEvent(event: RouterEvent): CkfError | undefined {
-  if (!isU64(event.workerId)) return invalidEvent(`workerId ${String(event.workerId)} is not a u64`);
-  if (!isU32(event.dpRank)) return invalidEvent(`dpRank ${String(event.dpRank)} is not a u32`);
-  const data = event.data;
-  switch (data?.kind) {
-    case "stored":
-      if (data.parentHash !== undefined && !isU64(data.parentHash)) return invalidEvent(`parent hash ${String(data.parentHash)} is not a u64`);
-      if (data.startPosition !== undefined && !isU32(data.startPosition)) {
-        return invalidEvent(`start position ${String(data.startPosition)} is not a u32`);
-      }
-      for (const block of data.blocks) {
-        if (!isU64(block.blockHash) || !isU64(block.tokensHash)) {
-          return invalidEvent(`block hash ${String(block.blockHash)} / tokens hash ${String(block.tokensHash)} is not a u64`);
+  if (!isU64(event.workerId)) return invalidEvent(`workerId ${describeValue(event.workerId)} is not a u64`);
+  if (!isU32(event.dpRank)) return invalidEvent(`dpRank ${describeValue(event.dpRank)} is not a u32`);
+  const data: unknown = event.data;
+  if (typeof data !== "object" || data === null) return invalidEvent(`event data ${describeValue(data)} is not an object`);
+  const body = data as Partial<Record<string, unknown>>;
+  switch (body.kind) {
+    case "stored": {
+      const { parentHash, startPosition, blocks } = body;
+      if (parentHash !== undefined && !isU64(parentHash)) return invalidEvent(`parent hash ${describeValue(parentHash)} is not a u64`);
+      if (startPosition !== undefined && !isU32(startPosition)) return invalidEvent(`start position ${describeValue(startPosition)} is not a u32`);
+      if (!Array.isArray(blocks)) return invalidEvent(`a Stored event's blocks are ${describeValue(blocks)}, not an array`);
+      for (let i = 0; i < blocks.length; i++) {
+        const block: unknown = blocks[i];
+        if (typeof block !== "object" || block === null) return invalidEvent(`block ${i} is ${describeValue(block)}, not an object`);
+        const { blockHash, tokensHash } = block as Partial<StoredBlock>;
+        if (!isU64(blockHash) || !isU64(tokensHash)) {
+          return invalidEvent(`block ${i}: block hash ${describeValue(blockHash)} / tokens hash ${describeValue(tokensHash)} is not a u64`);
         }
       }
       return undefined;
-    case "removed":
-      for (const hash of data.blockHashes) if (!isU64(hash)) return invalidEvent(`removed block hash ${String(hash)} is not a u64`);
+    }
+    case "removed": {
+      const hashes = body.blockHashes;
+      if (!Array.isArray(hashes)) return invalidEvent(`a Removed event's block hashes are ${describeValue(hashes)}, not an array`);
+      for (let i = 0; i < hashes.length; i++) {
+        const hash: unknown = hashes[i];
+        if (!isU64(hash)) return invalidEvent(`removed block hash ${i} (${describeValue(hash)}) is not a u64`);
+      }
       return undefined;
+    }
     case "cleared":
       return undefined;
     default:
-      return invalidEvent(`unknown event kind ${JSON.stringify((data as { kind?: unknown } | undefined)?.kind)}`);
+      return invalidEvent(`unknown event kind ${describeValue(body.kind)}`);
   }
 }
 

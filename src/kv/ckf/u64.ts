@@ -21,11 +21,33 @@ export function isU32(value: unknown): value is number {
   return typeof value === "number" && Number.isInteger(value) && value >= 0 && value <= 0xffff_ffff;
 }
 
-/** The high 32 bits of a u64. */
-export const hi32 = (value: bigint): number => Number(value >> 32n);
+/** Checked once at module load; the answer cannot change while the process runs. */
+const HOST_IS_LITTLE_ENDIAN = new Uint8Array(Uint16Array.of(0x0102).buffer)[0] === 0x02;
 
-/** The low 32 bits of a u64. */
-export const lo32 = (value: bigint): number => Number(value & 0xffff_ffffn);
+/**
+ * Scratch for splitting a u64 into halves without BigInt arithmetic:
+ * `value >> 32n` and `value & mask` would each allocate a BigInt, and the
+ * state splits every admitted, removed and probed hash. Storing into a
+ * BigUint64Array wraps mod 2^64 and allocates nothing; the two u32 views of
+ * the same 8 bytes are the halves, in host byte order (hence the index pick,
+ * which keeps the split right even on a host the lanes refuse).
+ */
+const SPLIT_U64 = new BigUint64Array(1);
+const SPLIT_U32 = new Uint32Array(SPLIT_U64.buffer);
+const HI_INDEX = HOST_IS_LITTLE_ENDIAN ? 1 : 0;
+const LO_INDEX = 1 - HI_INDEX;
+
+/** The high 32 bits of a u64 (a bigint outside 0..2^64-1 is taken mod 2^64). */
+export function hi32(value: bigint): number {
+  SPLIT_U64[0] = value;
+  return SPLIT_U32[HI_INDEX]!;
+}
+
+/** The low 32 bits of a u64 (a bigint outside 0..2^64-1 is taken mod 2^64). */
+export function lo32(value: bigint): number {
+  SPLIT_U64[0] = value;
+  return SPLIT_U32[LO_INDEX]!;
+}
 
 /** (hi, lo) back to a u64. */
 export const joinU64 = (hi: number, lo: number): bigint => (BigInt(hi >>> 0) << 32n) | BigInt(lo >>> 0);
@@ -47,6 +69,3 @@ export function assertLittleEndianHost(): void {
     throw new CkfError("UnsupportedHost", "CKF lanes need a little-endian host: the u16 slot view and the u64 wire words would disagree");
   }
 }
-
-/** Checked once at module load; the answer cannot change while the process runs. */
-const HOST_IS_LITTLE_ENDIAN = new Uint8Array(Uint16Array.of(0x0102).buffer)[0] === 0x02;
