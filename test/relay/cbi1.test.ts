@@ -5,6 +5,7 @@ import {
   decode,
   encodeDelta,
   encodeSnapshotChunk,
+  encodeSnapshotChunkInto,
   encodeSnapshotChunks,
   FilterFormat,
   IMAGES_MAX_FRAME_BYTES,
@@ -379,6 +380,74 @@ describe("CBI1 codec", () => {
       expectError(() => encodeSnapshotChunk(FORMAT, 1n, 1n, 1, 1, new BigUint64Array(2)), "InvalidArgument");
       expectError(() => encodeSnapshotChunk(FORMAT, 1n, 1n, 0, 1, new BigUint64Array(1025)), "BucketIndex");
       expectError(() => encodeSnapshotChunk(FORMAT, 1n, 1n, -1, 1, new BigUint64Array(2)), "InvalidArgument");
+    });
+    describe("encodeSnapshotChunkInto", () => {
+      const format = new FilterFormat(SEED, 1 << 20);
+      const lane = BigUint64Array.from({ length: 1 << 20 }, (_, i) => (i % 7 === 0 ? 0n : BigInt(i) * 0x9e37_79b9n));
+      const slots = new Uint16Array(lane.buffer);
+      // A short last chunk too, so the frame length follows the word count.
+      const cases = [
+        { name: "full chunk 0, BigUint64Array words", index: 0, words: lane.subarray(0, SNAPSHOT_CHUNK_BUCKETS) as BigUint64Array | Uint16Array },
+        { name: "short chunk 1, Uint16Array slots", index: 1, words: slots.subarray(4 * SNAPSHOT_CHUNK_BUCKETS, 4 * (SNAPSHOT_CHUNK_BUCKETS + 1000)) },
+      ];
+      for (const { name, index, words } of cases) {
+        it(`${name}: at byte offsets 0..9 with extra room, the bytes of encodeSnapshotChunk and nothing past them`, () => {
+          const want = encodeSnapshotChunk(format, 7n, 6n, index, 2, words);
+          const backing = new Uint8Array(want.length + 64);
+          for (let offset = 0; offset < 10; offset++) {
+            backing.fill(0xa5);
+            const target = backing.subarray(offset, offset + want.length + 13 + offset);
+            const length = encodeSnapshotChunkInto(target, format, 7n, 6n, index, 2, words);
+            expect(length).to.equal(want.length);
+            expect(Buffer.compare(Buffer.from(target.buffer, target.byteOffset, length), Buffer.from(want)), `offset ${offset}`).to.equal(0);
+            expect(backing.subarray(0, offset).every((b) => b === 0xa5), `before, offset ${offset}`).to.equal(true);
+            expect(backing.subarray(offset + length).every((b) => b === 0xa5), `after, offset ${offset}`).to.equal(true);
+            const c = asChunk(decode(format, target.subarray(0, length)));
+            expect(c.chunkIndex).to.equal(index);
+          }
+        });
+      }
+      it("an exactly sized target, and one buffer reused for every chunk of a lane, match encodeSnapshotChunks", () => {
+        const frames = [...encodeSnapshotChunks(format, 7n, 6n, slots)];
+        const reused = new Uint8Array(IMAGES_MAX_FRAME_BYTES);
+        for (let i = 0; i < frames.length; i++) {
+          const words = lane.subarray(i * SNAPSHOT_CHUNK_BUCKETS, (i + 1) * SNAPSHOT_CHUNK_BUCKETS);
+          const length = encodeSnapshotChunkInto(reused, format, 7n, 6n, i, frames.length, words);
+          expect(Buffer.compare(Buffer.from(reused.buffer, 0, length), Buffer.from(frames[i]!))).to.equal(0);
+          const exact = new Uint8Array(frames[i]!.length);
+          expect(encodeSnapshotChunkInto(exact, format, 7n, 6n, i, frames.length, words)).to.equal(exact.length);
+          expect(Buffer.compare(Buffer.from(exact), Buffer.from(frames[i]!))).to.equal(0);
+        }
+      });
+      it("a target over the words' own bytes (frame built in place) still gets the words", () => {
+        const words = BigUint64Array.from({ length: 1024 }, (_, i) => BigInt(i + 1) * 0x0101_0101n);
+        const want = encodeSnapshotChunk(FORMAT, 1n, 2n, 0, 1, words);
+        const shared = new Uint8Array(want.length);
+        shared.set(new Uint8Array(words.buffer));
+        const inPlace = new BigUint64Array(shared.buffer, 0, 1024);
+        expect(encodeSnapshotChunkInto(shared, FORMAT, 1n, 2n, 0, 1, inPlace)).to.equal(want.length);
+        expect(Buffer.compare(Buffer.from(shared), Buffer.from(want))).to.equal(0);
+      });
+      it("a target one byte too small is InvalidArgument and is left unchanged", () => {
+        const words = lane.subarray(0, 4096);
+        const length = 64 + 8 * 4096;
+        const target = new Uint8Array(length - 1).fill(0x5a);
+        const e = expectError(() => encodeSnapshotChunkInto(target, format, 7n, 6n, 0, 2, words), "InvalidArgument");
+        expect(e.details).to.deep.equal({ what: "target", needed: length, available: length - 1 });
+        expect(target.every((b) => b === 0x5a)).to.equal(true);
+        expectError(() => encodeSnapshotChunkInto(new Uint8Array(0), format, 7n, 6n, 0, 2, new BigUint64Array(0)), "InvalidArgument");
+        expect(encodeSnapshotChunkInto(new Uint8Array(64), format, 7n, 6n, 0, 2, new BigUint64Array(0))).to.equal(64);
+      });
+      it("checks its other arguments like encodeSnapshotChunk, before writing, whatever the target's size", () => {
+        const target = new Uint8Array(IMAGES_MAX_FRAME_BYTES + 8).fill(0x5a);
+        expectError(() => encodeSnapshotChunkInto(target, FORMAT, 1n, 1n, 1, 1, new BigUint64Array(2)), "InvalidArgument");
+        expectError(() => encodeSnapshotChunkInto(target, FORMAT, 1n, 1n, 0, 1, new BigUint64Array(1025)), "BucketIndex");
+        expectError(() => encodeSnapshotChunkInto(target, FORMAT, -1n, 1n, 0, 1, new BigUint64Array(2)), "InvalidArgument");
+        expectError(() => encodeSnapshotChunkInto(target, format, 1n, 1n, 0, 2, new BigUint64Array(SNAPSHOT_CHUNK_BUCKETS + 1)), "SnapshotChunkWordCount");
+        expectError(() => encodeSnapshotChunkInto(target, FORMAT, 1n, 1n, 0, 1, new Uint16Array(5)), "InvalidArgument");
+        expectError(() => encodeSnapshotChunkInto([] as unknown as Uint8Array, FORMAT, 1n, 1n, 0, 1, new BigUint64Array(2)), "InvalidArgument");
+        expect(target.every((b) => b === 0x5a)).to.equal(true);
+      });
     });
     it("writes a delta's images in the given order, duplicates included (the ingestor refuses those, not the codec)", () => {
       const images = [

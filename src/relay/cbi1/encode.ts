@@ -1,7 +1,9 @@
 /**
- * CBI1 encoders (spec A.5). Every frame is one allocation of its exact size;
- * a snapshot chunk's words go in with one bulk copy of the lane's bytes, and
- * the checksum is patched in last.
+ * CBI1 encoders (spec A.5). Every returned frame is one allocation of its
+ * exact size; a snapshot chunk can also be written into a caller's buffer
+ * (`encodeSnapshotChunkInto`, the one implementation both forms share). Its
+ * words go in with one bulk copy of the lane's bytes, and the checksum is
+ * patched in last.
  */
 import {
   DELTA_BODY_PREFIX_LEN,
@@ -125,7 +127,7 @@ export function encodeDelta(
 /**
  * One snapshot chunk frame (flags 1) carrying `words` at bucket offset
  * chunkIndex * SNAPSHOT_CHUNK_BUCKETS, as the producer always places them.
- * One allocation of 64 + 8 * words bytes and one bulk copy of the words.
+ * One allocation of 64 + 8 * words bytes, then `encodeSnapshotChunkInto`.
  */
 export function encodeSnapshotChunk(
   format: FilterFormat,
@@ -135,6 +137,48 @@ export function encodeSnapshotChunk(
   chunkCount: number,
   words: BucketWords,
 ): Uint8Array {
+  const length = checkSnapshotChunk(format, dcId, epoch, chunkIndex, chunkCount, words);
+  const { bytes } = allocFrame(length);
+  writeSnapshotChunk(bytes, format, dcId, epoch, chunkIndex, chunkCount, words, length);
+  return bytes;
+}
+
+/**
+ * The same frame as `encodeSnapshotChunk`, written into `target[0..length)`
+ * of a caller's buffer (reused across chunks, it spares a fresh multi-MiB
+ * allocation and its page faults per frame). Returns the frame's length,
+ * 64 + 8 * words; IMAGES_MAX_FRAME_BYTES always suffices. Bytes past the
+ * frame are left alone. Every argument, and then the target's size
+ * (InvalidArgument), is checked before anything is written, so a refused
+ * call leaves the target as it was. The words are copied as bytes, so the
+ * target may sit at any byte offset.
+ */
+export function encodeSnapshotChunkInto(
+  target: Uint8Array,
+  format: FilterFormat,
+  dcId: bigint,
+  epoch: bigint,
+  chunkIndex: number,
+  chunkCount: number,
+  words: BucketWords,
+): number {
+  if (!(target instanceof Uint8Array)) {
+    throw new Cbi1Error("InvalidArgument", "the target is not a Uint8Array", { what: "target" });
+  }
+  const length = checkSnapshotChunk(format, dcId, epoch, chunkIndex, chunkCount, words);
+  if (target.length < length) {
+    throw new Cbi1Error("InvalidArgument", `a ${length}-byte frame does not fit a ${target.length}-byte target`, {
+      what: "target",
+      needed: length,
+      available: target.length,
+    });
+  }
+  writeSnapshotChunk(target, format, dcId, epoch, chunkIndex, chunkCount, words, length);
+  return length;
+}
+
+/** The argument checks of a snapshot chunk, in the encoder's order; returns the frame length. */
+function checkSnapshotChunk(format: FilterFormat, dcId: bigint, epoch: bigint, chunkIndex: number, chunkCount: number, words: BucketWords): number {
   formatArg(format);
   u64Arg(dcId, "dcId");
   u64Arg(epoch, "epoch");
@@ -154,14 +198,33 @@ export function encodeSnapshotChunk(
   const bucketOffset = chunkIndex * SNAPSHOT_CHUNK_BUCKETS;
   if (bucketOffset + wordCount > format.bucketCount) throw invalidBucket(bucketOffset + wordCount - 1, format.bucketCount);
   assertLittleEndianHost();
-  const { bytes, view } = allocFrame(IMAGES_HEADER_LEN + SNAPSHOT_BODY_PREFIX_LEN + WORD_LEN * wordCount);
+  return IMAGES_HEADER_LEN + SNAPSHOT_BODY_PREFIX_LEN + WORD_LEN * wordCount;
+}
+
+/**
+ * Writes a checked chunk into target[0..length): one bulk byte copy of the
+ * words first (so a target that overlaps the words' own buffer still gets
+ * them before the header lands), then the header and body prefix, then the
+ * checksum over exactly this frame's body.
+ */
+function writeSnapshotChunk(
+  target: Uint8Array,
+  format: FilterFormat,
+  dcId: bigint,
+  epoch: bigint,
+  chunkIndex: number,
+  chunkCount: number,
+  words: BucketWords,
+  length: number,
+): void {
+  const frame = target.length === length ? target : target.subarray(0, length);
+  const view = new DataView(frame.buffer, frame.byteOffset, length);
+  frame.set(new Uint8Array(words.buffer, words.byteOffset, length - IMAGES_HEADER_LEN - SNAPSHOT_BODY_PREFIX_LEN), IMAGES_HEADER_LEN + SNAPSHOT_BODY_PREFIX_LEN);
   writeHeader(view, FLAG_SNAPSHOT_CHUNK, format, dcId, epoch);
   view.setUint32(IMAGES_HEADER_LEN, chunkIndex, true);
   view.setUint32(IMAGES_HEADER_LEN + 4, chunkCount, true);
-  view.setBigUint64(IMAGES_HEADER_LEN + 8, BigInt(bucketOffset), true);
-  bytes.set(new Uint8Array(words.buffer, words.byteOffset, wordCount * WORD_LEN), IMAGES_HEADER_LEN + SNAPSHOT_BODY_PREFIX_LEN);
-  patchChecksum(bytes, view);
-  return bytes;
+  view.setBigUint64(IMAGES_HEADER_LEN + 8, BigInt(chunkIndex * SNAPSHOT_CHUNK_BUCKETS), true);
+  patchChecksum(frame, view);
 }
 
 /**

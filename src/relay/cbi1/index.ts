@@ -27,6 +27,7 @@ export {
   bucketWordCount,
   encodeDelta,
   encodeSnapshotChunk,
+  encodeSnapshotChunkInto,
   encodeSnapshotChunks,
   type BucketImage,
   type BucketImageColumns,
