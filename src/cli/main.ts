@@ -67,6 +67,12 @@ export const subcommands: readonly LazySubcommand[] = [
     load: async () => (await import("../kv/index.js")).kvCommand(),
   },
   {
+    name: "cbi1",
+    description: "the CBI1 relay frame codec by hand: encode deltas and snapshot chunks as hex, decode hex frames to JSON",
+    term: "cbi1",
+    load: async () => (await import("../relay/index.js")).cbi1Command(),
+  },
+  {
     name: "images",
     description: "generate images through mmgate.images.v1.ImageService",
     term: "images",

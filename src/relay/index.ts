@@ -1,5 +1,8 @@
 // The KV relay's publication side: the CBI1 codec that carries the Cuckoo
 // filter across datacenters (cbi1/), and the per-pool hub that fans its
-// frames out to subscribers (hub/).
+// frames out to subscribers (hub/); the publication frames between the
+// producer and the wire (frames.ts), and `mmgate cbi1`.
 export * from "./cbi1/index.js";
 export * from "./hub/index.js";
+export { cbi1Command, type Cbi1CliIo } from "./cli.js";
+export { encodeDeltaFrame, encodeSnapshot, PublicationFrameError, wireFormat, type PublicationFrameErrorCode, type SnapshotFrames } from "./frames.js";

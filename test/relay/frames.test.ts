@@ -29,7 +29,7 @@ import {
   type RouterEvent,
 } from "../../src/kv/index.js";
 import { decode, FilterFormat, SnapshotAssembly } from "../../src/relay/cbi1/index.js";
-import { encodeDeltaFrame, encodeSnapshot, PublicationFrameError, wireFormat } from "../../src/relay/frames.js";
+import { encodeDeltaFrame, encodeSnapshot, PublicationFrameError, wireFormat } from "../../src/relay/index.js";
 
 /** The seed test's mask between a sequence hash and the worker's external block id. */
 const EXTERNAL_MASK = 0xc0de_cafe_d15c_0a11n;
