@@ -1,6 +1,15 @@
 import type { DcCkfDelta, DcCkfFormatIdentity } from "../kv/index.js";
-import { encodeDelta, encodeSnapshotChunks, FilterFormat, FINGERPRINT_BITS, FORMAT_VERSION, SLOTS_PER_BUCKET, snapshotChunkCount } from "./cbi1/index.js";
-import { publicationFrame, type HubSnapshot, type PublicationFrame } from "./hub/index.js";
+import {
+  encodeDelta,
+  encodeSnapshotChunks,
+  FilterFormat,
+  FINGERPRINT_BITS,
+  FORMAT_VERSION,
+  MAX_DELTA_IMAGES,
+  SLOTS_PER_BUCKET,
+  snapshotChunkCount,
+} from "./cbi1/index.js";
+import { publicationFrame, type HubSnapshot, type PublicationFrame, type PublicationHub, type PublishDeltaResult } from "./hub/index.js";
 
 /** Why a producer's publication cannot be put into CBI1 frames. */
 export type PublicationFrameErrorCode = "UnsupportedFormatIdentity" | "SnapshotBucketCount" | "BucketIndexOverflow";
@@ -82,4 +91,14 @@ export function encodeDeltaFrame(delta: DcCkfDelta): PublicationFrame {
   // The codec checks every image (a negative or fractional bucket, a value past u64) as it writes it.
   const payload = encodeDelta(format, delta.identity.poolId.dcId, delta.baseSequence, delta.sequence, delta.images);
   return publicationFrame({ identity: delta.identity, baseSequence: delta.baseSequence, sequence: delta.sequence, kind: "delta", payload });
+}
+
+/**
+ * Puts a producer delta through `hub`: as one delta frame, or, when it has
+ * more images than one CBI1 frame can carry, as the hub's snapshot
+ * recovery (subscribers closed as "recovery"; the owner publishes a fresh
+ * barrier snapshot).
+ */
+export function publishDelta(hub: PublicationHub, delta: DcCkfDelta): PublishDeltaResult {
+  return hub.publishDelta(delta, delta.images.length > MAX_DELTA_IMAGES ? undefined : encodeDeltaFrame(delta));
 }

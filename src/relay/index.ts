@@ -5,4 +5,4 @@
 export * from "./cbi1/index.js";
 export * from "./hub/index.js";
 export { cbi1Command, type Cbi1CliIo } from "./cli.js";
-export { encodeDeltaFrame, encodeSnapshot, PublicationFrameError, wireFormat, type PublicationFrameErrorCode, type SnapshotFrames } from "./frames.js";
+export { encodeDeltaFrame, encodeSnapshot, publishDelta, PublicationFrameError, wireFormat, type PublicationFrameErrorCode, type SnapshotFrames } from "./frames.js";

@@ -29,7 +29,7 @@ import {
   type RouterEvent,
 } from "../../src/kv/index.js";
 import { decode, FilterFormat, SnapshotAssembly } from "../../src/relay/cbi1/index.js";
-import { encodeDeltaFrame, encodeSnapshot, PublicationFrameError, wireFormat } from "../../src/relay/index.js";
+import { encodeDeltaFrame, encodeSnapshot, MAX_DELTA_IMAGES, PublicationFrameError, PublicationHub, publishDelta, wireFormat } from "../../src/relay/index.js";
 
 /** The seed test's mask between a sequence hash and the worker's external block id. */
 const EXTERNAL_MASK = 0xc0de_cafe_d15c_0a11n;
@@ -166,5 +166,45 @@ describe("relay publication frames: the adapter's errors", () => {
     const first = frames.next();
     expect(first.done).to.equal(false);
     expect(frames.next().done).to.equal(true);
+  });
+});
+
+describe("relay publication frames: a producer delta through the hub", () => {
+  const producer = new DcCkfState({ expectedBlocksPerDc: 1 << 21 });
+  const identity = producerIdentity({
+    poolId: poolId({ cacheSemantics: digestIdentity(new Uint8Array(16).fill(5), "Explicit"), routingScope: digestIdentity(new Uint8Array(16).fill(6), "Explicit"), dcId: 9n }),
+    producerIncarnation: 3n,
+    layoutGeneration: 1n,
+    format: producer.format(),
+  });
+  const lease = laneLease({ consumerInstance: 3n, physicalLane: 0, assignmentEpoch: 1n });
+  const readyHub = () => {
+    const hub = new PublicationHub({ identity, lease });
+    hub.publishSnapshot({ identity, lease, sequence: 1n, buckets: producer.barrierSnapshot()[1] });
+    return hub;
+  };
+
+  it("fans a delta that fits one frame out to subscribers", async () => {
+    const hub = readyHub();
+    const subscriber = hub.subscribe();
+    subscriber.takeSnapshot();
+    const result = publishDelta(hub, { identity, lease, baseSequence: 1n, sequence: 2n, images: [{ bucket: 5, value: 42n }] });
+    expect(result).to.include({ kind: "published", delivered: 1 });
+    const read = await subscriber.next();
+    expect(read.kind).to.equal("frame");
+    hub.retire();
+  });
+
+  it("turns a delta with more images than one CBI1 frame carries into snapshot recovery", async () => {
+    const hub = readyHub();
+    const subscriber = hub.subscribe();
+    subscriber.takeSnapshot();
+    const images = Array.from({ length: MAX_DELTA_IMAGES + 1 }, (_, i) => ({ bucket: i, value: 1n }));
+    // The encoder alone refuses it: it cannot be one frame.
+    expect(() => encodeDeltaFrame({ identity, lease, baseSequence: 1n, sequence: 2n, images })).to.throw(/DeltaImageCount|images/);
+    const result = publishDelta(hub, { identity, lease, baseSequence: 1n, sequence: 2n, images });
+    expect(result).to.include({ kind: "recovery_required", cause: "delta_images", closed: 1 });
+    expect(await subscriber.next()).to.deep.equal({ kind: "ended", reason: "recovery" });
+    expect(hub.state).to.equal("recovering");
   });
 });

@@ -129,28 +129,34 @@ export class PublicationHub {
 
   /**
    * Publishes one delta and its encoded frame. The frame must describe the
-   * delta (InvalidFrame, nothing changes). A delta over maxDeltaImages, or a
-   * frame over maxFrameBytes, is not fanned out: subscribers are closed as
+   * delta (InvalidFrame, nothing changes). A delta over maxDeltaImages, a
+   * frame over maxFrameBytes, or no frame at all (the delta did not fit one:
+   * the encoder refused it) is not fanned out: subscribers are closed as
    * "recovery" and the hub waits for a fresh snapshot. A delta the mirror
    * rejects (identity, lease, sequence gap, bucket) is a terminal failure:
    * the hub fails, closes everyone as "failed" and rethrows the mirror's
    * error, since the generation can no longer be vouched for. Otherwise the
    * frame goes to every subscriber; one it does not fit ends as "lagged".
    */
-  publishDelta(delta: DcCkfDelta, frame: PublicationFrame): PublishDeltaResult {
+  publishDelta(delta: DcCkfDelta, frame: PublicationFrame | undefined): PublishDeltaResult {
     this.assertLive();
-    checkFrame(delta, frame);
+    if (frame !== undefined) checkFrame(delta, frame);
     const mirror = this.mirror;
     if (this.stateValue !== "ready" || mirror === undefined) return { kind: "awaiting_snapshot" };
+    // No frame: the delta did not fit one (the encoder refused its image count).
     const cause: RecoveryCause | undefined =
-      delta.images.length > this.limits.maxDeltaImages ? "delta_images" : frame.payload.length > this.limits.maxFrameBytes ? "frame_bytes" : undefined;
-    if (cause !== undefined) {
+      frame === undefined || delta.images.length > this.limits.maxDeltaImages
+        ? "delta_images"
+        : frame.payload.length > this.limits.maxFrameBytes
+          ? "frame_bytes"
+          : undefined;
+    if (cause !== undefined || frame === undefined) {
       const closed = this.closeAll("recovery");
       // The mirror is now behind the producer; dropping it frees the lane until the fresh snapshot.
       this.mirror = undefined;
       this.stateValue = "recovering";
       this.recoveries += 1;
-      return { kind: "recovery_required", cause, closed };
+      return { kind: "recovery_required", cause: cause ?? "delta_images", closed };
     }
     try {
       mirror.applyDelta(delta);
