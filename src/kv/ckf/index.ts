@@ -51,3 +51,4 @@ export {
 } from "./identity.js";
 export { DcCkfState, type ApplyOutcome, type CanonicalOwnership, type DcCkfStateOptions, type DcCkfStats } from "./state.js";
 export { DcCkfPublisher, type DcCkfPublisherOptions, type DeliverySink, type PublishResult } from "./publisher.js";
+export { isRouterEventJsonError, MAX_ROUTER_EVENT_JSON_BYTES, RouterEventJsonError, routerEventFromJson, routerEventsFromJsonLines, type NumberedRouterEvent, type RouterEventJsonErrorCode, type RouterEventJsonOptions } from "./event-json.js";
