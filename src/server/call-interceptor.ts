@@ -69,13 +69,25 @@ export function callInterceptor(options: CallInterceptorOptions): Interceptor {
   };
 }
 
+/** A UTF-16 surrogate without its pair: text that has no UTF-8 form. */
+const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/;
+const LONE_SURROGATES = new RegExp(LONE_SURROGATE.source, "g");
+
 /**
  * A status whose details cannot be encoded (a uint64 past 2^64 - 1, say)
  * would fail inside the transport after the handler is done, and the call
  * would never answer. Such details are dropped here, keeping the code and
- * message, and the drop is logged.
+ * message, and the drop is logged; a message with a lone surrogate gets
+ * U+FFFD in its place.
  */
 function encodableStatus(status: ConnectError, logger: Logger, service: string, method: string): ConnectError {
+  // grpc-message is percent-encoded, which a lone surrogate cannot be: the
+  // trailers could not be built, and the call would get no status at all.
+  if (LONE_SURROGATE.test(status.rawMessage)) {
+    const wellFormed = new ConnectError(status.rawMessage.replace(LONE_SURROGATES, "\uFFFD"), status.code, status.metadata, undefined, status.cause);
+    wellFormed.details = status.details;
+    status = wellFormed;
+  }
   for (const detail of status.details) {
     if (!("desc" in detail)) continue;
     try {

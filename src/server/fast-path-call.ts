@@ -7,7 +7,7 @@ import { Code, ConnectError } from "@connectrpc/connect";
 import type { createMethodSerializationLookup } from "@connectrpc/connect/protocol";
 import { MAX_TIMER_MS } from "../util/index.js";
 import { serializeChunked } from "./message-chunks.js";
-import { h2ResetError } from "./h2-reset.js";
+import { h2ResetError, isConnectionHeader } from "./h2-reset.js";
 import type { ObservedCall, RpcObserver } from "./rpc-observer.js";
 import { rpcRecordKey } from "./rpc-observer.js";
 
@@ -132,8 +132,8 @@ function headersOf(incoming: IncomingHttpHeaders): Headers {
 export function setAll(target: OutgoingHttpHeaders, from: Headers): void {
   let cookies = false;
   from.forEach((value, name) => {
-    // The compatibility layer drops a connection header (HTTP/2 has none) rather than fail on it.
-    if (name === "connection" && value !== "trailers") return;
+    // Connection-specific headers have no place in HTTP/2 and would make Node refuse the whole set.
+    if (isConnectionHeader(name, value)) return;
     if (name !== "set-cookie") target[name] = value;
     else if (!cookies) {
       cookies = true;

@@ -221,7 +221,9 @@ class GrpcCall extends LeanCall {
       this.stream.sendTrailers(this.trailers);
       this.answered = true;
     } catch {
-      // The client reset the stream meanwhile.
+      // The client reset the stream meanwhile, or Node refused a trailer:
+      // either way the stream must not be left waiting for its end.
+      resetStream(this.stream);
     }
     // A request body still arriving is cut once the answer is out, as on
     // connect's path (RST_STREAM NO_ERROR after END_STREAM).
@@ -268,7 +270,9 @@ class GrpcCall extends LeanCall {
       this.trailers = this.trailerStatus(error);
       stream.end();
     } catch {
-      // The stream went away between the check and the write.
+      // The stream went away between the check and the write, or the status
+      // could not be put in trailers: never leave the client without an end.
+      resetStream(stream);
     }
   }
 

@@ -7,6 +7,7 @@ import type { ContextValues } from "@connectrpc/connect";
 import { codeFromHttpStatus, codeToString } from "@connectrpc/connect/protocol-connect";
 import type { Logger } from "pino";
 import type { MethodMetrics, RpcMetrics, RpcType } from "./metrics.js";
+import { isConnectionHeader } from "./h2-reset.js";
 import { StatusSniffer, bodyStatusFormat } from "./status-sniffer.js";
 
 /** What the host learns about one RPC while it runs. */
@@ -35,6 +36,18 @@ const REQUEST_ID = /^[A-Za-z0-9._:@/+=-]{1,128}$/;
 function requestIdFrom(headers: IncomingHttpHeaders): string {
   const given = headers["x-request-id"];
   return typeof given === "string" && REQUEST_ID.test(given) ? given : randomUUID();
+}
+
+/** `headers` without the names HTTP/2 forbids; the same object when it has none. */
+function withoutConnectionHeaders(headers: Record<string, unknown>): Record<string, unknown> {
+  let out: Record<string, unknown> | undefined;
+  for (const name of Object.keys(headers)) {
+    if (isConnectionHeader(name.toLowerCase(), String(headers[name]))) {
+      out ??= { ...headers };
+      delete out[name];
+    }
+  }
+  return out ?? headers;
 }
 
 /** "RESOURCE_EXHAUSTED" style names, as grpc-status documentation spells them. */
@@ -140,7 +153,17 @@ export class RpcObserver {
     (res as { addTrailers: (headers: Record<string, unknown>) => void }).addTrailers = (headers) => {
       const status = headers["grpc-status"];
       if (typeof status === "string") trailerStatus = status;
-      addTrailers(headers);
+      addTrailers(withoutConnectionHeaders(headers));
+    };
+    // A handler's connection-specific header would make Node refuse the
+    // response (or throw out of the trailer callback): dropped, as the lean path does.
+    const writeHead = res.writeHead.bind(res) as (...args: unknown[]) => unknown;
+    (res as { writeHead: (...args: unknown[]) => unknown }).writeHead = (...args) => {
+      const last = args.length - 1;
+      if (last > 0 && typeof args[last] === "object" && args[last] !== null && !Array.isArray(args[last])) {
+        args[last] = withoutConnectionHeaders(args[last] as Record<string, unknown>);
+      }
+      return writeHead(...args);
     };
     // gRPC-Web and Connect put it in the body.
     const sniffer = new StatusSniffer(bodyStatusFormat(req.headers["content-type"]));

@@ -1140,25 +1140,18 @@ const connectRows: ConnectRow[] = [
     });
   }
 
-  it("a handler header Node refuses to send (keep-alive): the lean path resets the stream; connect's leaves it unanswered", async () => {
+  it("a handler header HTTP/2 forbids (keep-alive) is dropped on both paths, and the call answered", async () => {
     const requests = [
-      { headers: grpcHeaders(UNARY), body: frame("connection-header:keep-alive"), timeoutMs: 1000 },
-      { headers: connectHeaders({}), body: encode("connection-header:keep-alive"), timeoutMs: 1000 },
+      { headers: grpcHeaders(UNARY), body: frame("connection-header:keep-alive"), timeoutMs: 5000 },
+      { headers: connectHeaders({}), body: encode("connection-header:keep-alive"), timeoutMs: 5000 },
     ];
     for (const request of requests) {
-      // connect-node reports the failure with console.error: kept out of the test's output.
-      const consoleError = console.error;
-      console.error = () => undefined;
-      let fromLean: RawH2Response;
-      let fromConnect: RawH2Response;
-      try {
-        [fromLean, fromConnect] = await Promise.all([rawH2(lean.addr, request), rawH2(connect.addr, request)]);
-      } finally {
-        console.error = consoleError;
+      const [fromLean, fromConnect] = await Promise.all([rawH2(lean.addr, request), rawH2(connect.addr, request)]);
+      for (const res of [fromLean, fromConnect]) {
+        expect(res.timedOut, "answered").to.equal(false);
+        expect(res.headers?.[":status"]).to.equal(200);
+        expect(res.headers?.["keep-alive"]).to.equal(undefined);
       }
-      expect({ closed: fromLean.closed, rstCode: fromLean.rstCode, headers: fromLean.headers }).to.deep.equal({ closed: true, rstCode: 2, headers: undefined });
-      // connect-node logs "handler for rpc Unary ... failed" and never answers: the client gives up.
-      expect({ timedOut: fromConnect.timedOut, headers: fromConnect.headers }).to.deep.equal({ timedOut: true, headers: undefined });
     }
   });
 
