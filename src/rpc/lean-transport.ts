@@ -400,7 +400,10 @@ class Exchange {
         await new Promise<void>((resolve) => (this.waiter = resolve));
       }
     } catch (error) {
+      // The caller has its failure: the stream, if still open (a message that
+      // would not decompress, say), is cancelled rather than left to the server.
       this.finished = true;
+      if (!this.stream.closed) this.stream.close(h2.NGHTTP2_CANCEL);
       throw error;
     }
   }
