@@ -9,7 +9,7 @@ import { compressionBrotli, compressionGzip } from "@connectrpc/connect-node";
 import type { Compression } from "@connectrpc/connect/protocol";
 import { runStreamingCall, runUnaryCall } from "@connectrpc/connect/protocol";
 import { requestHeader, validateResponse, validateTrailer } from "@connectrpc/connect/protocol-grpc";
-import { h2ResetError, serializeChunked } from "../server/index.js";
+import { h2ResetError, serializeChunked, webHeadersOf } from "../server/index.js";
 
 /**
  * A gRPC client transport for unary and server-streaming calls that talks
@@ -133,17 +133,6 @@ function nodeHeaders(headers: Headers): OutgoingHttpHeaders {
   return out;
 }
 
-function webHeaders(incoming: IncomingHttpHeaders, into = new Headers()): Headers {
-  for (const name of Object.keys(incoming)) {
-    if (name.startsWith(":")) continue;
-    const value = incoming[name];
-    if (value === undefined) continue;
-    if (Array.isArray(value)) for (const v of value) into.append(name, v);
-    else into.append(name, String(value));
-  }
-  return into;
-}
-
 /** A frame flagged compressed, decompressed when it is read. */
 class Compressed {
   constructor(readonly bytes: Uint8Array) {}
@@ -233,7 +222,7 @@ class Exchange {
     stream.once("close", () => exchange.closed());
     stream.on("error", (e) => exchange.fail(nodeError(e)));
     // Trailers may arrive in the same read as the headers: listen before waiting.
-    stream.once("trailers", (trailers: IncomingHttpHeaders) => webHeaders(trailers, exchange.trailer));
+    stream.once("trailers", (trailers: IncomingHttpHeaders) => webHeadersOf(trailers, exchange.trailer));
     const headers = exchange.responseHeaders();
     const frameHeader = Buffer.allocUnsafe(HEADER_BYTES);
     frameHeader[0] = 0;
@@ -258,7 +247,7 @@ class Exchange {
     return new Promise((resolve, reject) => {
       const onResponse = (headers: IncomingHttpHeaders) => {
         this.stream.off("close", onClose);
-        webHeaders(headers, this.header);
+        webHeadersOf(headers, this.header);
         try {
           const { foundStatus, headerError } = validateResponse(Number(headers[":status"] ?? 0), this.header);
           // Frames flagged compressed are read with the response's encoding, as connect's transport does.

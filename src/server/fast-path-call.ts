@@ -7,7 +7,8 @@ import { Code, ConnectError } from "@connectrpc/connect";
 import type { createMethodSerializationLookup } from "@connectrpc/connect/protocol";
 import { MAX_TIMER_MS } from "../util/index.js";
 import { serializeChunked } from "./message-chunks.js";
-import { h2ResetError, isConnectionHeader } from "./h2-reset.js";
+import { isConnectionHeader, webHeadersOf } from "./h2-headers.js";
+import { h2ResetError } from "./h2-reset.js";
 import type { ObservedCall, RpcObserver } from "./rpc-observer.js";
 import { rpcRecordKey } from "./rpc-observer.js";
 
@@ -109,18 +110,6 @@ export function httpDate(): string {
     dateValue = new Date(now).toUTCString();
   }
   return dateValue;
-}
-
-function headersOf(incoming: IncomingHttpHeaders): Headers {
-  const out = new Headers();
-  for (const name of Object.keys(incoming)) {
-    if (name.startsWith(":")) continue;
-    const value = incoming[name];
-    if (value === undefined) continue;
-    if (Array.isArray(value)) for (const v of value) out.append(name, v);
-    else out.append(name, value);
-  }
-  return out;
 }
 
 /**
@@ -309,7 +298,7 @@ export abstract class LeanCall implements HandlerContext {
   }
 
   get requestHeader(): Headers {
-    return (this.requestHeaders ??= headersOf(this.headers));
+    return (this.requestHeaders ??= webHeadersOf(this.headers));
   }
 
   get responseHeader(): Headers {

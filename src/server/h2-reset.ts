@@ -45,25 +45,3 @@ export function h2ResetError(rstCode: number): ConnectError | undefined {
   if (code === undefined) return undefined;
   return new ConnectError(`http/2 stream closed with error code ${NAMES[rstCode]} (0x${rstCode.toString(16)})`, code);
 }
-
-/**
- * Whether HTTP/2 forbids `name` (lower case) with `value` in a response
- * (RFC 9113, 8.2.2): the connection-specific headers, and TE other than
- * "trailers". Node refuses to send headers or trailers carrying one, which
- * would leave a call without an answer, so the host drops a handler's or an
- * error's copy on both request paths.
- */
-export function isConnectionHeader(name: string, value: string): boolean {
-  switch (name) {
-    case "connection":
-    case "keep-alive":
-    case "proxy-connection":
-    case "transfer-encoding":
-    case "upgrade":
-      return true;
-    case "te":
-      return value !== "trailers";
-    default:
-      return false;
-  }
-}

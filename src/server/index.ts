@@ -21,3 +21,4 @@ export { Access } from "./auth.js";
 export { requestIdOf } from "./rpc-observer.js";
 export { serializeChunked } from "./message-chunks.js";
 export { h2ResetError } from "./h2-reset.js";
+export { webHeadersOf } from "./h2-headers.js";
