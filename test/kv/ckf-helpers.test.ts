@@ -40,6 +40,26 @@ export function storedEvent(
   };
 }
 
+/** The seed test's mask between a sequence hash and the worker's external block id. */
+export const SEED_EXTERNAL_MASK = 0xc0de_cafe_d15c_0a11n;
+
+/**
+ * The seed test's Stored event from worker 1, rank 0: each block's external
+ * id is its sequence hash masked, its tokens hash the block's local hash.
+ */
+export function seedStoredEvent(eventId: bigint, parentSequence: bigint | undefined, local: readonly bigint[], sequence: readonly bigint[]): RouterEvent {
+  return {
+    workerId: 1n,
+    dpRank: 0,
+    eventId,
+    data: {
+      kind: "stored",
+      parentHash: parentSequence === undefined ? undefined : parentSequence ^ SEED_EXTERNAL_MASK,
+      blocks: local.map((tokensHash, i) => ({ blockHash: sequence[i]! ^ SEED_EXTERNAL_MASK, tokensHash })),
+    },
+  };
+}
+
 /** A Stored event whose externals follow `external()` for the member; returns the event and the canonicals. */
 export function storedChain(workerId: bigint, dpRank: number, tokensHashes: readonly bigint[], parentCanonical?: bigint) {
   const canonicals = chain(tokensHashes, parentCanonical);

@@ -13,26 +13,9 @@ import {
   poolId,
   producerIdentity,
   type DcCkfDelta,
-  type RouterEvent,
 } from "../../src/kv/ckf/index.js";
 import { computeBlockHashForSeq, computeSeqHashForBlock } from "../../src/kv/hash/index.js";
-import { applyImages, sameWords } from "./ckf-helpers.test.js";
-
-/** The seed test's mask between a sequence hash and the worker's external block id. */
-const EXTERNAL_MASK = 0xc0de_cafe_d15c_0a11n;
-
-function storedEvent(eventId: bigint, parentSequence: bigint | undefined, local: readonly bigint[], sequence: readonly bigint[]): RouterEvent {
-  return {
-    workerId: 1n,
-    dpRank: 0,
-    eventId,
-    data: {
-      kind: "stored",
-      parentHash: parentSequence === undefined ? undefined : parentSequence ^ EXTERNAL_MASK,
-      blocks: local.map((tokensHash, i) => ({ blockHash: sequence[i]! ^ EXTERNAL_MASK, tokensHash })),
-    },
-  };
-}
+import { applyImages, sameWords, SEED_EXTERNAL_MASK, seedStoredEvent } from "./ckf-helpers.test.js";
 
 describe("CKF producer scenario (seed): prompt, snapshot, continuation delta", () => {
   for (const isEagle of [false, true]) {
@@ -49,7 +32,7 @@ describe("CKF producer scenario (seed): prompt, snapshot, continuation delta", (
         const expandedSequence = computeSeqHashForBlock(expandedLocal);
 
         const producer = new DcCkfState({ expectedBlocksPerDc: 64, publishEveryNEvents: 1 });
-        const initial = producer.applyEvent(storedEvent(1n, undefined, initialLocal, initialSequence));
+        const initial = producer.applyEvent(seedStoredEvent(1n, undefined, initialLocal, initialSequence));
         expect(initial.firstError).to.equal(undefined);
         expect(initial.publication).not.to.equal(undefined);
         const [tail, buckets] = producer.barrierSnapshot();
@@ -72,7 +55,7 @@ describe("CKF producer scenario (seed): prompt, snapshot, continuation delta", (
         const decoded = buckets.slice();
 
         const continuation = producer.applyEvent(
-          storedEvent(2n, initialSequence.at(-1), expandedLocal.slice(initialLocal.length), expandedSequence.slice(initialSequence.length)),
+          seedStoredEvent(2n, initialSequence.at(-1), expandedLocal.slice(initialLocal.length), expandedSequence.slice(initialSequence.length)),
         );
         expect(continuation.firstError).to.equal(undefined);
         const batch = continuation.publication;
@@ -85,7 +68,7 @@ describe("CKF producer scenario (seed): prompt, snapshot, continuation delta", (
         const [, expected] = producer.barrierSnapshot();
         expect(sameWords(decoded, expected)).to.equal(true);
         for (const sequence of expandedSequence) expect(producer.contains(sequence)).to.equal(true);
-        expect(producer.canonicalOf(1n, 0, expandedSequence.at(-1)! ^ EXTERNAL_MASK)).to.equal(expandedSequence.at(-1));
+        expect(producer.canonicalOf(1n, 0, expandedSequence.at(-1)! ^ SEED_EXTERNAL_MASK)).to.equal(expandedSequence.at(-1));
       });
     }
   }

@@ -26,26 +26,10 @@ import {
   resolveRegistration,
   type DcCkfDelta,
   type KvQueryHashFormat,
-  type RouterEvent,
 } from "../../src/kv/index.js";
 import { decode, FilterFormat, SnapshotAssembly } from "../../src/relay/cbi1/index.js";
+import { seedStoredEvent } from "../kv/ckf-helpers.test.js";
 import { encodeDeltaFrame, encodeSnapshot, MAX_DELTA_IMAGES, PublicationFrameError, PublicationHub, publishDelta, wireFormat } from "../../src/relay/index.js";
-
-/** The seed test's mask between a sequence hash and the worker's external block id. */
-const EXTERNAL_MASK = 0xc0de_cafe_d15c_0a11n;
-
-function storedEvent(eventId: bigint, parentSequence: bigint | undefined, local: readonly bigint[], sequence: readonly bigint[]): RouterEvent {
-  return {
-    workerId: 1n,
-    dpRank: 0,
-    eventId,
-    data: {
-      kind: "stored",
-      parentHash: parentSequence === undefined ? undefined : parentSequence ^ EXTERNAL_MASK,
-      blocks: local.map((tokensHash, i) => ({ blockHash: sequence[i]! ^ EXTERNAL_MASK, tokensHash })),
-    },
-  };
-}
 
 function roundTrip(hashFormat: KvQueryHashFormat, viaLoraAlias: boolean): void {
   const semantics = createKvQuerySemantics(4, hashFormat);
@@ -66,7 +50,7 @@ function roundTrip(hashFormat: KvQueryHashFormat, viaLoraAlias: boolean): void {
   const expandedSequence = computeSeqHashForBlock(expandedLocal);
 
   const producer = new DcCkfState({ expectedBlocksPerDc: 64, publishEveryNEvents: 1 });
-  const initial = producer.applyEvent(storedEvent(1n, undefined, initialLocal, initialSequence));
+  const initial = producer.applyEvent(seedStoredEvent(1n, undefined, initialLocal, initialSequence));
   expect(initial.firstError).to.equal(undefined);
   expect(initial.publication).to.not.equal(undefined);
   const [, buckets] = producer.barrierSnapshot();
@@ -105,7 +89,7 @@ function roundTrip(hashFormat: KvQueryHashFormat, viaLoraAlias: boolean): void {
 
   // The continuation's delta frame, applied on top.
   const continuation = producer.applyEvent(
-    storedEvent(2n, initialSequence.at(-1), expandedLocal.slice(initialLocal.length), expandedSequence.slice(initialSequence.length)),
+    seedStoredEvent(2n, initialSequence.at(-1), expandedLocal.slice(initialLocal.length), expandedSequence.slice(initialSequence.length)),
   );
   expect(continuation.firstError).to.equal(undefined);
   const batch = continuation.publication;

@@ -19,6 +19,7 @@
  * fail too. A row that fails on a difference the lean transport should not
  * have says so in a comment above it.
  */
+import { delay } from "../../src/util/index.js";
 import { createHash } from "node:crypto";
 import * as http2 from "node:http2";
 import type { AddressInfo } from "node:net";
@@ -287,18 +288,10 @@ function reasonName(reason: unknown): string {
 
 /** Resolves true after `ms`, or false as soon as `signal` aborts. */
 function sleepOrAbort(ms: number, signal: AbortSignal): Promise<boolean> {
-  return new Promise((resolve) => {
-    if (signal.aborted) return resolve(false);
-    const onAbort = () => {
-      clearTimeout(timer);
-      resolve(false);
-    };
-    const timer = setTimeout(() => {
-      signal.removeEventListener("abort", onAbort);
-      resolve(true);
-    }, ms);
-    signal.addEventListener("abort", onAbort, { once: true });
-  });
+  return delay(ms, signal).then(
+    () => true,
+    () => false,
+  );
 }
 
 function setSomeHeaders(ctx: HandlerContext): void {

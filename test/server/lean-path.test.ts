@@ -12,6 +12,7 @@
  * The behaviour tests run once per path: cancellation, deadlines, auth,
  * draining, metrics and the "rpc finished" log line.
  */
+import { delay } from "../../src/util/index.js";
 import { execFile, spawnSync } from "node:child_process";
 import { createHash } from "node:crypto";
 import { get } from "node:http";
@@ -88,21 +89,10 @@ function reasonName(reason: unknown): string {
 
 /** Resolves true after `ms`, or false as soon as `signal` aborts. */
 function sleepOrAbort(ms: number, signal: AbortSignal): Promise<boolean> {
-  return new Promise((resolve) => {
-    if (signal.aborted) {
-      resolve(false);
-      return;
-    }
-    const onAbort = () => {
-      clearTimeout(timer);
-      resolve(false);
-    };
-    const timer = setTimeout(() => {
-      signal.removeEventListener("abort", onAbort);
-      resolve(true);
-    }, ms);
-    signal.addEventListener("abort", onAbort, { once: true });
-  });
+  return delay(ms, signal).then(
+    () => true,
+    () => false,
+  );
 }
 
 function setSomeHeaders(ctx: HandlerContext): void {
