@@ -1,16 +1,22 @@
 // Installs the Debian packages the tests use when they are missing: openssl
-// (throwaway TLS certificates) and etcd-server (a real etcd for the discovery
-// tests). `npm test` runs it first, so a fresh machine needs nothing by hand.
+// (throwaway TLS certificates), etcd-server (a real etcd for the discovery
+// tests) and nats-server (a real NATS server for the relay's NATS source;
+// Debian puts it in /usr/sbin). `npm test` runs it first, so a fresh machine
+// needs nothing by hand.
 // Without apt-get or root it says what is missing and leaves the tests to
 // skip (or, with CI set, to fail).
 import { execFileSync, spawnSync } from "node:child_process";
+import { existsSync } from "node:fs";
 
 const tools = [
   { command: "openssl", pkg: "openssl" },
   { command: "etcd", pkg: "etcd-server" },
+  { command: "nats-server", pkg: "nats-server" },
 ];
 
-const has = (command) => spawnSync("sh", ["-c", `command -v ${command}`], { stdio: "ignore" }).status === 0;
+// /usr/sbin is not on every user's PATH, and Debian's nats-server lives there.
+const has = (command) =>
+  spawnSync("sh", ["-c", `command -v ${command}`], { stdio: "ignore" }).status === 0 || existsSync(`/usr/sbin/${command}`);
 const missing = tools.filter((t) => !has(t.command));
 if (missing.length > 0) {
   const packages = missing.map((t) => t.pkg);

@@ -7,3 +7,4 @@ export * from "./server.js";
 export * from "./split.js";
 export * from "./tls.js";
 export * from "./etcd.js";
+export * from "./nats.js";

@@ -1,0 +1,454 @@
+/**
+ * A source of KV router events over NATS: workers publish each event as the
+ * reference router's JSON (`{"worker_id":1,"event":{"event_id":1,...}}`) on a
+ * subject, and the relay subscribes to it. One message carries one event as a
+ * JSON object, or several as JSON lines (one event per line). The event JSON
+ * is read by `routerEventFromJson`, so u64 hashes stay exact.
+ *
+ * A message that is too large or not router-event JSON is dropped whole,
+ * counted by its RouterEventJsonError code and logged (at most one warning a
+ * second); the source keeps going. Core NATS delivers at most once: what is
+ * published while the relay is disconnected is lost, which the filter's
+ * event-id checks are there to notice.
+ */
+import type * as NatsModule from "nats";
+import type { ConnectionOptions, Msg, NatsConnection } from "nats";
+import type { Logger } from "pino";
+import { Counter, type Registry } from "prom-client";
+import { z } from "zod";
+import {
+  MAX_ROUTER_EVENT_JSON_BYTES,
+  RouterEventJsonError,
+  routerEventFromJson,
+  routerEventsFromJsonLines,
+  type RouterEvent,
+  type RouterEventJsonErrorCode,
+} from "../../kv/index.js";
+import { hostPort } from "../../server/index.js";
+import { MAX_TIMER_MS, registeredMetric, settleWithin } from "../../util/index.js";
+
+/** One token of a subject: no whitespace, no dot; `*` and `>` only as whole tokens. */
+const SUBJECT_TOKEN = /^(?:\*|>|[^\s.*>]+)$/;
+
+/** Why `subject` is not a NATS subject (wildcards allowed), or undefined when it is one. */
+function subjectProblem(subject: string): string | undefined {
+  if (subject === "") return "must not be empty";
+  const tokens = subject.split(".");
+  for (const [i, token] of tokens.entries()) {
+    if (token === "") return "must not have an empty token (a leading, trailing or doubled '.')";
+    if (!SUBJECT_TOKEN.test(token)) return `token ${JSON.stringify(token)} has whitespace, or a wildcard that is not a whole token`;
+    if (token === ">" && i !== tokens.length - 1) return "'>' may only be the last token";
+  }
+  return undefined;
+}
+
+/** Why `server` is neither `HOST:PORT` nor a `nats://` URL, or undefined when it is one. */
+function serverProblem(server: string): string | undefined {
+  if (!server.includes("://")) return hostPort.safeParse(server).success ? undefined : "expected HOST:PORT or a nats:// URL";
+  let url: URL;
+  try {
+    url = new URL(server);
+  } catch {
+    return "expected HOST:PORT or a nats:// URL";
+  }
+  if (url.protocol !== "nats:") return "expected a nats:// URL";
+  if (url.hostname === "") return "the URL has no host";
+  if (url.username !== "" || url.password !== "") return "put credentials in user/pass or token, not in the URL";
+  if ((url.pathname !== "" && url.pathname !== "/") || url.search !== "" || url.hash !== "") return "a nats:// URL has only a host and a port";
+  return undefined;
+}
+
+/**
+ * Where to subscribe for router events. Every field but `subject` has a
+ * default; errors name their field (`servers.0: expected HOST:PORT ...`).
+ */
+export const natsSourceConfigSchema = z
+  .strictObject({
+    /** NATS servers, `HOST:PORT` or `nats://HOST:PORT`; the client picks one and fails over to the others. */
+    servers: z
+      .array(
+        z.string().superRefine((server, ctx) => {
+          const problem = serverProblem(server);
+          if (problem !== undefined) ctx.addIssue({ code: "custom", message: problem });
+        }),
+      )
+      .min(1)
+      .default(["127.0.0.1:4222"]),
+    /** Subject the workers publish on; `*` (one token) and `>` (the rest) wildcards are allowed. */
+    subject: z.string().superRefine((subject, ctx) => {
+      const problem = subjectProblem(subject);
+      if (problem !== undefined) ctx.addIssue({ code: "custom", message: `not a NATS subject: ${problem}` });
+    }),
+    /** Queue group: relays in one group share the subject, each message going to one of them. Default: none. */
+    queue: z.string().regex(/^[^\s]+$/, "a queue group is non-empty and has no whitespace").optional(),
+    /** Largest message accepted; a larger one is dropped as TOO_LARGE before it is decoded. */
+    maxPayloadBytes: z.int().min(1).max(MAX_ROUTER_EVENT_JSON_BYTES).default(MAX_ROUTER_EVENT_JSON_BYTES),
+    /** Connection name the server shows in its monitoring. */
+    name: z.string().min(1).default("mmgate-relay"),
+    /** Pause between attempts to reconnect to a lost server (the client adds up to 100 ms of jitter). */
+    reconnectWaitMs: z.int().min(0).max(MAX_TIMER_MS).default(1000),
+    /** How long the first connection's handshake may take. */
+    connectTimeoutMs: z.int().min(1).max(MAX_TIMER_MS).default(5000),
+    /** Token authentication; not with user/pass. */
+    token: z.string().min(1).optional(),
+    /** User/password authentication; both or neither. */
+    user: z.string().min(1).optional(),
+    pass: z.string().min(1).optional(),
+  })
+  .superRefine((c, ctx) => {
+    if ((c.user === undefined) !== (c.pass === undefined)) {
+      ctx.addIssue({ code: "custom", path: [c.user === undefined ? "user" : "pass"], message: "user and pass go together" });
+    }
+    if (c.token !== undefined && c.user !== undefined) ctx.addIssue({ code: "custom", path: ["token"], message: "token and user/pass exclude each other" });
+  });
+
+/** A NATS source's settings, every default applied. */
+export type NatsSourceConfig = z.output<typeof natsSourceConfigSchema>;
+/** What a config file may say. */
+export type NatsSourceConfigInput = z.input<typeof natsSourceConfigSchema>;
+
+/**
+ * Receives each event, in message order, synchronously. An exception is
+ * counted (`sinkErrors`) and logged; the source goes on with the next event.
+ */
+export type RouterEventSink = (event: RouterEvent) => void;
+
+/** Counters of a NATS source (on a prom-client registry). */
+export interface NatsSourceMetrics {
+  /** Messages received, accepted or not. */
+  readonly messages: Counter;
+  /** Events handed to the sink. */
+  readonly events: Counter;
+  /** Messages dropped, by RouterEventJsonError code. */
+  readonly rejected: Counter<"code">;
+  /** Events whose sink threw. */
+  readonly sinkErrors: Counter;
+}
+
+function counter<L extends string = string>(registry: Registry, name: string, help: string, labelNames: readonly L[] = []): Counter<L> {
+  return registeredMetric(registry, name, Counter<L>, () => new Counter<L>({ name, help, labelNames, registers: [registry] }));
+}
+
+/**
+ * The counters every NATS source on `registry` shares, registered on first
+ * use: `mmgate_relay_nats_messages_total`, `mmgate_relay_nats_events_total`,
+ * `mmgate_relay_nats_rejected_total{code}` and
+ * `mmgate_relay_nats_sink_errors_total`.
+ */
+export function natsSourceMetrics(registry: Registry): NatsSourceMetrics {
+  return {
+    messages: counter(registry, "mmgate_relay_nats_messages_total", "NATS messages received by the relay's router-event sources, accepted or not"),
+    events: counter(registry, "mmgate_relay_nats_events_total", "Router events read from NATS messages and handed on"),
+    rejected: counter(registry, "mmgate_relay_nats_rejected_total", "NATS messages dropped as too large or not router-event JSON, by error code", ["code"] as const),
+    sinkErrors: counter(registry, "mmgate_relay_nats_sink_errors_total", "Router events from NATS whose consumer threw"),
+  };
+}
+
+export interface NatsEventSourceOptions {
+  readonly logger?: Logger;
+  /** Registers the source's counters (natsSourceMetrics) on this registry. */
+  readonly registry?: Registry;
+}
+
+/** What a source has done since it was built (across runs). */
+export interface NatsEventSourceStats {
+  /** Messages received, accepted or not. */
+  readonly messages: number;
+  /** Events handed to the sink (including those whose sink threw). */
+  readonly events: number;
+  /** Messages dropped, by code; every code is present. */
+  readonly rejected: Readonly<Record<RouterEventJsonErrorCode, number>>;
+  /** Events whose sink threw. */
+  readonly sinkErrors: number;
+  /** Whether a run is connected to a server now (from when the server has its subscription). */
+  readonly connected: boolean;
+}
+
+/**
+ * A run's NATS connection failed for good: the first connection failed, the
+ * server refused the credentials again after a reconnect, or it refused the
+ * subscription.
+ */
+export class NatsSourceError extends Error {
+  override readonly name = "NatsSourceError";
+}
+
+const REJECT_CODES: readonly RouterEventJsonErrorCode[] = ["TOO_LARGE", "NOT_JSON", "TOO_DEEP", "DUPLICATE_KEY", "TYPE", "MISSING", "RANGE", "FORMAT", "UNKNOWN_VARIANT"];
+
+/** How long a stop waits for the connection to drain before it closes it outright. */
+const DRAIN_TIMEOUT_MS = 2000;
+
+/** At most one log line per interval; counts what it held back. */
+class LogThrottle {
+  private last = -Infinity;
+  private held = 0;
+  constructor(private readonly intervalMs: number) {}
+
+  /** The number held back since the last line when a line may be logged now; undefined when not. */
+  take(): number | undefined {
+    const now = performance.now();
+    if (now - this.last < this.intervalMs) {
+      this.held++;
+      return undefined;
+    }
+    this.last = now;
+    const held = this.held;
+    this.held = 0;
+    return held;
+  }
+}
+
+/** The nats client library, loaded on first use: most processes never talk to NATS. */
+let natsModule: Promise<typeof NatsModule> | undefined;
+
+function errorOf(value: unknown): Error {
+  return value instanceof Error ? value : new Error(String(value));
+}
+
+/** Resolves when `signal` fires (at once if it has), and drops its listener when `settled` settles. */
+function whenAborted(signal: AbortSignal, settled: Promise<unknown>): Promise<void> {
+  if (signal.aborted) return Promise.resolve();
+  return new Promise<void>((resolve) => {
+    const onAbort = () => resolve();
+    signal.addEventListener("abort", onAbort, { once: true });
+    void settled.finally(() => signal.removeEventListener("abort", onAbort));
+  });
+}
+
+/** Whether a line break stands between two non-blank parts of `text`. */
+function hasInnerLineBreak(text: string): boolean {
+  return text.trim().includes("\n");
+}
+
+/**
+ * Subscribes to a NATS subject and hands each router event on it to a sink.
+ * `run(signal)` is a supervised task: it rejects only when it cannot connect
+ * at start-up or the connection closes for good, so a supervisor restarts it
+ * with backoff; a lost server is the client's to reconnect to.
+ */
+export class NatsEventSource {
+  readonly config: NatsSourceConfig;
+  private readonly sink: RouterEventSink;
+  private readonly logger: Logger | undefined;
+  private readonly metrics: NatsSourceMetrics | undefined;
+  private readonly decoder = new TextDecoder("utf-8", { fatal: true });
+  private readonly rejectLog = new LogThrottle(1000);
+  private readonly sinkLog = new LogThrottle(1000);
+  private readonly counts = {
+    messages: 0,
+    events: 0,
+    sinkErrors: 0,
+    rejected: Object.fromEntries(REJECT_CODES.map((c) => [c, 0])) as Record<RouterEventJsonErrorCode, number>,
+  };
+  private connected = false;
+  private running = false;
+
+  /** Validates `config` (throws a ZodError naming the field); connects only in `run`. */
+  constructor(config: NatsSourceConfigInput, sink: RouterEventSink, options: NatsEventSourceOptions = {}) {
+    this.config = natsSourceConfigSchema.parse(config);
+    this.sink = sink;
+    this.logger = options.logger?.child({ source: "nats", subject: this.config.subject });
+    this.metrics = options.registry === undefined ? undefined : natsSourceMetrics(options.registry);
+  }
+
+  stats(): NatsEventSourceStats {
+    return {
+      messages: this.counts.messages,
+      events: this.counts.events,
+      rejected: { ...this.counts.rejected },
+      sinkErrors: this.counts.sinkErrors,
+      connected: this.connected,
+    };
+  }
+
+  /**
+   * Connects, subscribes and delivers events until `signal` fires, then
+   * drains the connection and resolves. Rejects when the first connection
+   * fails (no server answers, authentication is refused) or the connection
+   * later closes for good; a server lost meanwhile is reconnected to by the
+   * client, every `reconnectWaitMs`, with no limit on attempts.
+   */
+  async run(signal: AbortSignal): Promise<void> {
+    if (this.running) throw new Error("the NATS source is already running");
+    this.running = true;
+    try {
+      await this.session(signal);
+    } finally {
+      this.running = false;
+      this.connected = false;
+    }
+  }
+
+  private connectionOptions(): ConnectionOptions {
+    const c = this.config;
+    return {
+      servers: [...c.servers],
+      name: c.name,
+      timeout: c.connectTimeoutMs,
+      reconnect: true,
+      maxReconnectAttempts: -1,
+      reconnectTimeWait: c.reconnectWaitMs,
+      // A first connection that fails is the supervisor's to retry.
+      waitOnFirstConnect: false,
+      ...(c.token === undefined ? {} : { token: c.token }),
+      ...(c.user === undefined ? {} : { user: c.user, pass: c.pass }),
+    };
+  }
+
+  private async session(signal: AbortSignal): Promise<void> {
+    if (signal.aborted) return;
+    natsModule ??= import("nats");
+    const nats = await natsModule;
+    const connecting = nats.connect(this.connectionOptions());
+    const first = await Promise.race([connecting.then((nc) => ({ nc }), (error: unknown) => ({ error: errorOf(error) })), whenAborted(signal, connecting.catch(() => undefined))]);
+    if (first === undefined) {
+      // Stopped while connecting: close whatever the attempt yields.
+      void connecting.then((nc) => nc.close()).catch(() => undefined);
+      return;
+    }
+    if ("error" in first) {
+      if (signal.aborted) return;
+      throw new NatsSourceError(`cannot connect to NATS (${this.config.servers.join(", ")}): ${first.error.message}`, { cause: first.error });
+    }
+    const nc = first.nc;
+    const closed = nc.closed();
+    void this.watchStatus(nc, nats);
+
+    let refuse: (error: Error) => void = () => undefined;
+    const refused = new Promise<Error>((resolve) => (refuse = resolve));
+    nc.subscribe(this.config.subject, {
+      ...(this.config.queue === undefined ? {} : { queue: this.config.queue }),
+      callback: (error, msg) => {
+        if (error !== null) refuse(error);
+        else this.onMessage(msg);
+      },
+    });
+    // Connected once the server has the subscription: a flush is a round trip behind the SUB.
+    nc.flush().then(
+      () => {
+        if (nc.isClosed() || nc.isDraining() || signal.aborted) return;
+        this.connected = true;
+        this.logger?.info({ server: nc.getServer(), queue: this.config.queue }, "NATS source subscribed");
+      },
+      () => undefined,
+    );
+
+    const outcome = await Promise.race([
+      closed.then((error) => ({ closed: error ?? undefined })),
+      refused.then((error) => ({ refused: error })),
+      whenAborted(signal, closed),
+    ]);
+    if (outcome === undefined || signal.aborted) {
+      await this.stop(nc);
+      return;
+    }
+    this.connected = false;
+    if ("refused" in outcome) {
+      await nc.close().catch(() => undefined);
+      throw new NatsSourceError(`NATS subscription to ${this.config.subject} failed: ${outcome.refused.message}`, { cause: outcome.refused });
+    }
+    const reason = outcome.closed;
+    throw new NatsSourceError(`NATS connection closed${reason === undefined ? "" : `: ${reason.message}`}`, { cause: reason });
+  }
+
+  /** Drains (unsubscribes, flushes, closes); closes outright when that takes too long, as it does while disconnected. */
+  private async stop(nc: NatsConnection): Promise<void> {
+    this.connected = false;
+    if (nc.isClosed()) return;
+    const drained = nc.drain();
+    if (!(await settleWithin(drained, DRAIN_TIMEOUT_MS))) this.logger?.warn("NATS drain timed out; closing");
+    if (!nc.isClosed()) await nc.close().catch(() => undefined);
+    await nc.closed();
+    this.logger?.info("NATS source stopped");
+  }
+
+  /** Follows the connection's state until it closes. */
+  private async watchStatus(nc: NatsConnection, nats: typeof NatsModule): Promise<void> {
+    try {
+      for await (const status of nc.status()) {
+        switch (status.type) {
+          case nats.Events.Disconnect:
+            this.connected = false;
+            this.logger?.warn({ server: status.data }, "NATS disconnected; reconnecting");
+            break;
+          case nats.Events.Reconnect:
+            // The client sends the subscription again on reconnecting; connected once the server has it.
+            nc.flush().then(
+              () => {
+                if (!nc.isClosed() && !nc.isDraining()) this.connected = true;
+              },
+              () => undefined,
+            );
+            this.logger?.info({ server: status.data }, "NATS reconnected");
+            break;
+          case nats.Events.LDM:
+            this.logger?.info({ server: status.data }, "NATS server entering lame duck mode");
+            break;
+          case nats.Events.Error:
+            this.logger?.warn({ detail: status.data }, "NATS error");
+            break;
+          default:
+            break;
+        }
+      }
+    } catch (error) {
+      this.logger?.debug({ err: errorOf(error) }, "NATS status stream ended");
+    }
+  }
+
+  private onMessage(msg: Msg): void {
+    this.counts.messages++;
+    this.metrics?.messages.inc();
+    let events: RouterEvent[];
+    try {
+      events = this.decode(msg.data);
+    } catch (error) {
+      this.reject(msg, error instanceof RouterEventJsonError ? error : new RouterEventJsonError("NOT_JSON", "$", errorOf(error).message));
+      return;
+    }
+    for (const event of events) {
+      this.counts.events++;
+      this.metrics?.events.inc();
+      try {
+        this.sink(event);
+      } catch (error) {
+        this.counts.sinkErrors++;
+        this.metrics?.sinkErrors.inc();
+        const held = this.sinkLog.take();
+        if (held !== undefined) this.logger?.error({ err: errorOf(error), subject: msg.subject, held }, "router event sink threw; the event is lost");
+      }
+    }
+  }
+
+  /** The events of one message: one JSON object, or JSON lines. Throws RouterEventJsonError. */
+  private decode(data: Uint8Array): RouterEvent[] {
+    const maxBytes = this.config.maxPayloadBytes;
+    if (data.length > maxBytes) throw new RouterEventJsonError("TOO_LARGE", "$", `a message of ${data.length} bytes is larger than ${maxBytes}`);
+    let text: string;
+    try {
+      text = this.decoder.decode(data);
+    } catch {
+      throw new RouterEventJsonError("NOT_JSON", "$", "the message is not UTF-8");
+    }
+    try {
+      return [routerEventFromJson(text, { maxBytes })];
+    } catch (error) {
+      // One document that is not JSON may still be JSON lines.
+      if (!(error instanceof RouterEventJsonError) || error.code !== "NOT_JSON" || !hasInnerLineBreak(text)) throw error;
+    }
+    const events = Array.from(routerEventsFromJsonLines(text, { maxBytes }), (numbered) => numbered.event);
+    if (events.length === 0) throw new RouterEventJsonError("NOT_JSON", "$", "the message carries no event");
+    return events;
+  }
+
+  private reject(msg: Msg, error: RouterEventJsonError): void {
+    this.counts.rejected[error.code]++;
+    this.metrics?.rejected.inc({ code: error.code });
+    const held = this.rejectLog.take();
+    if (held === undefined) return;
+    this.logger?.warn(
+      { subject: msg.subject, bytes: msg.data.length, code: error.code, path: error.path, line: error.line, detail: error.detail, held },
+      "dropped a NATS message that is not router-event JSON",
+    );
+  }
+}

@@ -1,0 +1,152 @@
+/**
+ * A real NATS server for the relay's NATS source tests: one nats-server on
+ * 127.0.0.1 with a free port. CI installs it (the Debian package
+ * nats-server, whose binary is /usr/sbin/nats-server, not always on a
+ * user's PATH); a developer machine without it skips, but CI never does.
+ */
+import { spawn, spawnSync, type ChildProcess } from "node:child_process";
+import { existsSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { connect as tcpConnect, createServer } from "node:net";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { eventually } from "./eventually.js";
+
+export interface NatsServer {
+  readonly port: number;
+  /** `nats://127.0.0.1:PORT`. */
+  readonly url: string;
+  /** Kills the process and keeps the port, to `restart` later. */
+  halt(): Promise<void>;
+  /** Starts nats-server again on the same port and waits until it accepts clients. */
+  restart(): Promise<void>;
+  /** Kills the process and removes its config file. */
+  stop(): Promise<void>;
+}
+
+export interface NatsServerOptions {
+  /** A token every client must present (`--auth`). */
+  readonly token?: string;
+  /** A configuration file's text (users, permissions), written to a temporary file. */
+  readonly config?: string;
+  /** The port to listen on (another server's, after it halted); a free one by default. */
+  readonly port?: number;
+}
+
+/** The nats-server executable: on PATH, or where Debian installs it; undefined when there is none. */
+function natsServerCommand(): string | undefined {
+  for (const command of ["nats-server", "/usr/sbin/nats-server"]) {
+    if (command.startsWith("/") && !existsSync(command)) continue;
+    if (spawnSync(command, ["--version"], { stdio: "ignore" }).status === 0) return command;
+  }
+  return undefined;
+}
+
+/** Whether a nats-server executable is installed. */
+export function natsInstalled(): boolean {
+  return natsServerCommand() !== undefined;
+}
+
+/**
+ * For a `before` hook: skips the suite when nats-server is missing on a
+ * developer machine, with a message; with `CI` set, a missing nats-server is
+ * an error.
+ */
+export function requireNats(context: Mocha.Context): void {
+  if (natsInstalled()) return;
+  if (process.env["CI"]) throw new Error("nats-server is not installed (scripts/ensure-tools.mjs installs the Debian package nats-server)");
+  console.warn("    nats-server is not installed: skipping the NATS tests (apt-get install nats-server to run them)");
+  context.skip();
+}
+
+async function freePort(): Promise<number> {
+  const server = createServer();
+  await new Promise<void>((resolve, reject) => {
+    server.once("error", reject);
+    server.listen(0, "127.0.0.1", resolve);
+  });
+  const address = server.address();
+  await new Promise<void>((resolve) => server.close(() => resolve()));
+  if (address === null || typeof address === "string") throw new Error("no port");
+  return address.port;
+}
+
+async function exited(child: ChildProcess): Promise<void> {
+  if (child.exitCode !== null || child.signalCode !== null) return;
+  await new Promise<void>((resolve) => child.once("exit", () => resolve()));
+}
+
+/** Resolves when a TCP client on `port` receives the server's INFO line; rejects otherwise. */
+function greets(port: number): Promise<void> {
+  return new Promise<void>((resolve, reject) => {
+    const socket = tcpConnect({ host: "127.0.0.1", port });
+    let received = "";
+    const done = (error?: Error) => {
+      socket.destroy();
+      if (error === undefined) resolve();
+      else reject(error);
+    };
+    socket.setTimeout(1000, () => done(new Error("no INFO from nats-server")));
+    socket.on("error", done);
+    socket.on("data", (chunk: Buffer) => {
+      received += chunk.toString("latin1");
+      if (received.startsWith("INFO ")) done();
+    });
+    socket.on("close", () => done(new Error("nats-server closed the connection")));
+  });
+}
+
+/** Starts nats-server and waits until it greets a client. */
+export async function startNats(options: NatsServerOptions = {}): Promise<NatsServer> {
+  const command = natsServerCommand();
+  if (command === undefined) throw new Error("nats-server is not installed");
+  const port = options.port ?? (await freePort());
+  let configDir: string | undefined;
+  const args = ["--addr", "127.0.0.1", "--port", String(port)];
+  // No monitoring port, no JetStream: core NATS is all the source uses.
+  if (options.token !== undefined) args.push("--auth", options.token);
+  if (options.config !== undefined) {
+    configDir = mkdtempSync(join(tmpdir(), "mmgate-nats-"));
+    const file = join(configDir, "nats.conf");
+    writeFileSync(file, options.config);
+    args.push("--config", file);
+  }
+  const removeConfig = () => {
+    if (configDir !== undefined) rmSync(configDir, { recursive: true, force: true });
+  };
+  let child: ChildProcess | undefined;
+  let output = "";
+
+  const launch = async () => {
+    output = "";
+    const started = spawn(command, args, { stdio: ["ignore", "pipe", "pipe"] });
+    started.stdout?.on("data", (chunk: Buffer) => (output += chunk.toString()));
+    started.stderr?.on("data", (chunk: Buffer) => (output += chunk.toString()));
+    child = started;
+    await eventually(
+      async () => {
+        if (started.exitCode !== null) throw new Error(`nats-server exited with ${started.exitCode}: ${output}`);
+        await greets(port);
+      },
+      { timeoutMs: 15000, intervalMs: 20 },
+    );
+  };
+  const halt = async () => {
+    const running = child;
+    child = undefined;
+    if (running === undefined) return;
+    running.kill("SIGKILL");
+    await exited(running);
+  };
+
+  const stop = async () => {
+    await halt();
+    removeConfig();
+  };
+  try {
+    await launch();
+  } catch (error) {
+    await stop();
+    throw error;
+  }
+  return { port, url: `nats://127.0.0.1:${port}`, halt, restart: launch, stop };
+}
