@@ -71,7 +71,7 @@ export function serveCommand(role?: ServeRole): Command {
       }
       if (opts.printConfig) {
         for (const w of warnings) process.stderr.write(`mmgate: warning: ${w}\n`);
-        process.stdout.write(`${JSON.stringify(redactedConfig(config), null, 2)}\n`);
+        process.stdout.write(`${JSON.stringify(redactedConfig(config), (_key, value: unknown) => (typeof value === "bigint" ? value.toString() : value), 2)}\n`);
         return;
       }
       const logger = pino({ level: config.log.level, base: { pid: process.pid }, timestamp: pino.stdTimeFunctions.isoTime });

@@ -6,3 +6,6 @@ export * from "./cbi1/index.js";
 export * from "./hub/index.js";
 export { cbi1Command, type Cbi1CliIo } from "./cli.js";
 export { encodeDeltaFrame, encodeSnapshot, publishDelta, PublicationFrameError, wireFormat, type PublicationFrameErrorCode, type SnapshotFrames } from "./frames.js";
+export * from "./wire/index.js";
+export * from "./service/index.js";
+export * from "./nats/index.js";

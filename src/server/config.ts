@@ -149,6 +149,22 @@ export class ConfigError extends Error {
 
 /** Secrets that print-config and GetConfig replace with "<redacted>". */
 const SECRET_PATHS = [["auth", "token"]];
+/** Keys that hold a secret wherever they sit inside a module's section (a pool's NATS credentials, say). */
+const SECRET_KEYS = new Set(["token", "pass"]);
+
+/** Replaces every non-empty SECRET_KEYS value below `node`, in arrays too. */
+function redactSecretKeys(node: unknown): void {
+  if (Array.isArray(node)) {
+    for (const item of node) redactSecretKeys(item);
+    return;
+  }
+  if (typeof node !== "object" || node === null) return;
+  const record = node as Record<string, unknown>;
+  for (const [key, value] of Object.entries(record)) {
+    if (SECRET_KEYS.has(key) && typeof value === "string" && value !== "") record[key] = "<redacted>";
+    else redactSecretKeys(value);
+  }
+}
 
 export interface ConfigSources {
   /** Path of a JSON or YAML file. */
@@ -392,6 +408,7 @@ export function loadConfig(sources: ConfigSources, modules: readonly ServiceModu
 export function redactedConfig(config: MmgateConfig): Record<string, unknown> {
   const { sections, ...host } = config;
   const out = structuredClone({ ...host, ...sections }) as Record<string, unknown>;
+  for (const name of Object.keys(sections)) redactSecretKeys(out[name]);
   for (const path of SECRET_PATHS) {
     let node: unknown = out;
     for (const key of path.slice(0, -1)) node = (node as Record<string, unknown> | undefined)?.[key];

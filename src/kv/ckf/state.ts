@@ -229,6 +229,13 @@ export class DcCkfState {
     this.materialize = enabled;
   }
 
+  /** Distinct blocks owned and (worker, rank) members, without the scans stats() makes: cheap enough to read every load window. */
+  occupancy(): { readonly uniqueBlocks: number; readonly members: number } {
+    let members = 0;
+    for (const ranks of this.members.values()) members += ranks.size;
+    return { uniqueBlocks: this.owners.size, members };
+  }
+
   stats(): DcCkfStats {
     let members = 0;
     let contributions = 0;

@@ -1,0 +1,355 @@
+/**
+ * One pool of the relay: the DC filter state its workers' events build, the
+ * producer generation that publishes it, and (while anyone subscribes) the
+ * publication hub that mirrors it to subscribers.
+ *
+ * Events are applied as they arrive; a batch is published when the
+ * publication threshold is reached, or when the coalescing delay passes with
+ * events pending. The hub starts lazily, with a barrier snapshot, on the
+ * first subscriber, and is retired after a while without subscribers; while
+ * there is no hub the state does not materialize batches at all.
+ *
+ * A delta the hub cannot fan out (too large for one frame) turns into a
+ * fresh barrier snapshot for the same generation. A terminal failure (the
+ * hub's mirror rejected a delta, delivery became uncertain, the sequence ran
+ * out) fences the generation: the pool moves to layout generation + 1 with a
+ * new hub, and every subscriber of the old one ends with PRODUCER_CHANGED.
+ */
+import { createHash, randomBytes } from "node:crypto";
+import {
+  canonicalModelId,
+  CkfError,
+  createKvQuerySemantics,
+  createRegistrationWithTarget,
+  DcCkfPublisher,
+  DcCkfState,
+  digestIdentity,
+  modelAlias,
+  poolId,
+  producerIdentity,
+  relayLease,
+  type CanonicalModelRegistration,
+  type DcCkfDelta,
+  type ProducerIdentity,
+  type RouterEvent,
+} from "../../kv/index.js";
+import { publishDelta } from "../frames.js";
+import { PublicationHub, type HubLimits } from "../hub/index.js";
+import type { PoolDescriptor } from "../wire/index.js";
+import type { ModelRegistrationConfig, RelayPoolConfig } from "./config.js";
+
+/** What the relay hands each pool. */
+export interface RelayPoolContext {
+  readonly dcId: bigint;
+  readonly publicationThreshold: number;
+  readonly publicationDelayMs: number;
+  readonly hubLimits: Partial<HubLimits>;
+  /** Monotonic ms. */
+  readonly now: () => number;
+  /** The pool's generation changed (catalog) or its hub opened or closed. */
+  readonly onChange: (pool: RelayPool, what: "generation" | "hub") => void;
+  /** A delta was published to the current generation. */
+  readonly onDelta?: (pool: RelayPool) => void;
+  /** A generation was fenced after a terminal publication failure. */
+  readonly onTerminalFailure: (pool: RelayPool, error: unknown) => void;
+}
+
+export interface RelayPoolStats {
+  readonly name: string;
+  readonly sequence: bigint;
+  readonly layoutGeneration: bigint;
+  readonly eventsApplied: number;
+  readonly eventsRejected: number;
+  readonly deltasPublished: number;
+  readonly snapshotRecoveries: number;
+  readonly generationChanges: number;
+  readonly hub: "none" | "ready" | "recovering";
+  readonly subscribers: number;
+  /** Distinct canonical blocks owned by some worker rank. */
+  readonly uniqueBlocks: number;
+  /** (worker, rank) members holding blocks. */
+  readonly ranks: number;
+  readonly occupiedSlots: number;
+  readonly buckets: number;
+}
+
+function digestOf(text: string): Uint8Array {
+  return createHash("sha256").update(text, "utf8").digest().subarray(0, 16);
+}
+
+function registrationOf(model: ModelRegistrationConfig): CanonicalModelRegistration {
+  const id = canonicalModelId(model.model);
+  const target = model.loraBase === undefined ? { kind: "base" as const, baseModel: id } : { kind: "lora" as const, baseModel: canonicalModelId(model.loraBase), adapter: id };
+  return createRegistrationWithTarget(id, target, model.aliases.map(modelAlias));
+}
+
+/** A fresh producer incarnation: a random u64. */
+function randomIncarnation(): bigint {
+  return randomBytes(8).readBigUInt64LE(0);
+}
+
+export class RelayPool {
+  readonly name: string;
+  readonly config: RelayPoolConfig;
+  private readonly ctx: RelayPoolContext;
+  private readonly state: DcCkfState;
+  private descriptorValue: PoolDescriptor;
+  private publisher: DcCkfPublisher;
+  private hubValue: PublicationHub | undefined;
+  private hubIdleSince: number | undefined;
+  private flushTimer: ReturnType<typeof setTimeout> | undefined;
+  private readonly delayMs: number;
+  /** Last event time per worker, for readiness. */
+  private readonly workerSeen = new Map<bigint, number>();
+  private applied = 0;
+  private rejected = 0;
+  private deltas = 0;
+  private recoveries = 0;
+  private generations = 0;
+  private closed = false;
+  /** Set by the delivery sink when the hub asks for a fresh snapshot. */
+  private recoveryDue = false;
+
+  constructor(config: RelayPoolConfig, ctx: RelayPoolContext) {
+    this.name = config.name;
+    this.config = config;
+    this.ctx = ctx;
+    const threshold = config.publicationThreshold ?? ctx.publicationThreshold;
+    this.delayMs = config.publicationDelayMs ?? ctx.publicationDelayMs;
+    this.state = new DcCkfState({ expectedBlocksPerDc: config.expectedBlocks, seed: config.seed, publishEveryNEvents: threshold }, { materialize: false });
+    const dcId = config.dcId ?? ctx.dcId;
+    const semantics = createKvQuerySemantics(config.blockSize, config.hashFormat);
+    const { namespace, component, endpoint } = config.endpoint;
+    const cacheSemantics = config.cacheSemanticsDigest
+      ? digestIdentity(Buffer.from(config.cacheSemanticsDigest, "hex"), "Explicit")
+      : digestIdentity(digestOf(`mmgate/cache-semantics/v1\0${config.blockSize}\0${config.hashFormat}`), "DefaultDerived");
+    const routingScope = config.routingScopeDigest
+      ? digestIdentity(Buffer.from(config.routingScopeDigest, "hex"), "Explicit")
+      : digestIdentity(digestOf(`mmgate/routing-scope/v1\0${namespace}\0${component}\0${endpoint}\0${config.name}`), "DefaultDerived");
+    const producer = producerIdentity({
+      poolId: poolId({ cacheSemantics, routingScope, dcId }),
+      producerIncarnation: config.producerIncarnation ?? randomIncarnation(),
+      layoutGeneration: config.layoutGeneration,
+      format: this.state.format(),
+    });
+    this.descriptorValue = Object.freeze({
+      producer,
+      servingEndpoint: Object.freeze({ namespace, component, endpoint }),
+      registrations: Object.freeze(config.models.map(registrationOf)),
+      querySemantics: semantics,
+      poolRoles: Object.freeze([...config.roles]),
+    });
+    this.publisher = this.newPublisher(producer);
+  }
+
+  get descriptor(): PoolDescriptor {
+    return this.descriptorValue;
+  }
+
+  get producer(): ProducerIdentity {
+    return this.descriptorValue.producer;
+  }
+
+  /** The hub, when one is open. */
+  get hub(): PublicationHub | undefined {
+    return this.hubValue;
+  }
+
+  /** Deltas published since the pool started, over every generation. */
+  get deltasPublished(): number {
+    return this.deltas;
+  }
+
+  /** The publication sequence of the current generation. */
+  get sequence(): bigint {
+    return this.publisher.lastSequence;
+  }
+
+  /**
+   * Applies one event. Returns the CkfError that rejected it (or part of it:
+   * the rest of the event still applies), undefined when it applied or was
+   * ignored by the residency gate.
+   */
+  apply(event: RouterEvent): CkfError | undefined {
+    if (this.closed) return new CkfError("InvalidEvent", `pool ${this.name} is closed`);
+    const outcome = this.state.applyEvent(event);
+    if (typeof event?.workerId === "bigint") this.workerSeen.set(event.workerId, this.ctx.now());
+    if (outcome.firstError !== undefined) this.rejected += 1;
+    else this.applied += 1;
+    if (outcome.publication !== undefined) this.publish(outcome.publication.images);
+    // Whatever stayed below the threshold goes out after the coalescing delay.
+    this.flushTimer ??= setTimeout(() => {
+      this.flushTimer = undefined;
+      this.flush();
+    }, this.delayMs);
+    return outcome.firstError;
+  }
+
+  /** Publishes whatever is pending now. */
+  flush(): void {
+    if (this.closed) return;
+    const batch = this.state.flush();
+    if (batch !== undefined) this.publish(batch.images);
+  }
+
+  /**
+   * The hub, started when there is none: the publisher takes the relay's
+   * lease and a barrier snapshot installs the hub's mirror. Throws what the
+   * barrier throws (SequenceExhausted: the generation is rotated first).
+   */
+  openHub(): PublicationHub {
+    const open = this.hubValue;
+    if (open !== undefined && (open.state === "ready" || open.state === "recovering")) return open;
+    const identity = this.producer;
+    const hub = new PublicationHub({ identity, limits: this.ctx.hubLimits });
+    this.state.setMaterialization(true);
+    hub.publishSnapshot(this.publisher.snapshotAfterBarrier(this.state, relayLease(identity)));
+    this.hubValue = hub;
+    this.hubIdleSince = undefined;
+    this.ctx.onChange(this, "hub");
+    return hub;
+  }
+
+  /**
+   * Retires the hub when it has had no subscriber for `idleMs`; returns
+   * whether it did. The state stops materializing batches until the next
+   * subscriber opens a hub again (with a barrier snapshot).
+   */
+  evictIdleHub(idleMs: number): boolean {
+    const hub = this.hubValue;
+    if (hub === undefined) return false;
+    if (!hub.evictable) {
+      this.hubIdleSince = undefined;
+      return false;
+    }
+    const now = this.ctx.now();
+    this.hubIdleSince ??= now;
+    if (now - this.hubIdleSince < idleMs) return false;
+    this.closeHub();
+    return true;
+  }
+
+  /**
+   * Fences the current generation and starts the next one (layout
+   * generation + 1, sequence 0) on the same filter state. Subscribers of the
+   * old hub end as retired; their streams report PRODUCER_CHANGED.
+   */
+  rotateGeneration(): ProducerIdentity {
+    const old = this.producer;
+    const next = producerIdentity({
+      poolId: old.poolId,
+      producerIncarnation: old.producerIncarnation,
+      layoutGeneration: old.layoutGeneration + 1n,
+      format: old.format,
+    });
+    this.closeHub();
+    this.descriptorValue = Object.freeze({ ...this.descriptorValue, producer: next });
+    this.publisher = this.newPublisher(next);
+    this.generations += 1;
+    this.ctx.onChange(this, "generation");
+    return next;
+  }
+
+  /** Workers with an event within `withinMs`. */
+  liveWorkers(withinMs: number): number {
+    const cutoff = this.ctx.now() - withinMs;
+    let live = 0;
+    for (const [worker, seen] of this.workerSeen) {
+      if (seen >= cutoff) live += 1;
+      else this.workerSeen.delete(worker);
+    }
+    return live;
+  }
+
+  /** Whether any event has reached this pool since it started. */
+  get hasEventSource(): boolean {
+    return this.applied + this.rejected > 0;
+  }
+
+  stats(): RelayPoolStats {
+    const state = this.state.stats();
+    const hub = this.hubValue;
+    return Object.freeze({
+      name: this.name,
+      sequence: this.publisher.lastSequence,
+      layoutGeneration: this.producer.layoutGeneration,
+      eventsApplied: this.applied,
+      eventsRejected: this.rejected,
+      deltasPublished: this.deltas,
+      snapshotRecoveries: this.recoveries,
+      generationChanges: this.generations,
+      hub: hub === undefined ? "none" : hub.state === "ready" ? "ready" : "recovering",
+      subscribers: hub?.stats().subscribers ?? 0,
+      uniqueBlocks: state.uniqueBlocks,
+      ranks: state.members,
+      occupiedSlots: state.occupiedSlots,
+      buckets: this.producer.format.bucketCount,
+    });
+  }
+
+  /** Blocks held and ranks holding them (cheap; see stats() for everything). */
+  occupancy(): { readonly uniqueBlocks: number; readonly ranks: number } {
+    const { uniqueBlocks, members } = this.state.occupancy();
+    return { uniqueBlocks, ranks: members };
+  }
+
+  /** The filter's words now (a copy), for tests and diagnostics. */
+  words(): BigUint64Array {
+    return this.state.words().slice();
+  }
+
+  close(): void {
+    if (this.closed) return;
+    this.closed = true;
+    if (this.flushTimer !== undefined) clearTimeout(this.flushTimer);
+    this.flushTimer = undefined;
+    this.hubValue?.retire();
+    this.hubValue = undefined;
+  }
+
+  private newPublisher(identity: ProducerIdentity): DcCkfPublisher {
+    return new DcCkfPublisher(identity, { lastSequence: 0n, sink: (delta) => this.deliver(delta) });
+  }
+
+  private closeHub(): void {
+    const hub = this.hubValue;
+    if (hub === undefined) return;
+    this.hubValue = undefined;
+    this.hubIdleSince = undefined;
+    hub.retire();
+    this.state.setMaterialization(false);
+    this.ctx.onChange(this, "hub");
+  }
+
+  /** The publisher's sink: every delta goes through the hub, if there is one. */
+  private deliver(delta: DcCkfDelta): "accepted" | "rejected" {
+    const hub = this.hubValue;
+    if (hub === undefined) return "accepted";
+    // A throw here is the hub's terminal failure; the publisher fences on it.
+    const result = publishDelta(hub, delta);
+    if (result.kind === "recovery_required") this.recoveryDue = true;
+    return "accepted";
+  }
+
+  private publish(images: DcCkfDelta["images"]): void {
+    try {
+      const result = this.publisher.publish({ images });
+      if (result.kind === "published") {
+        this.deltas += 1;
+        this.ctx.onDelta?.(this);
+      }
+      if (this.recoveryDue) {
+        this.recoveryDue = false;
+        const hub = this.hubValue;
+        if (hub !== undefined) {
+          hub.publishSnapshot(this.publisher.snapshotAfterBarrier(this.state, hub.lease));
+          this.recoveries += 1;
+        }
+      }
+    } catch (error) {
+      this.recoveryDue = false;
+      this.ctx.onTerminalFailure(this, error);
+      this.rotateGeneration();
+    }
+  }
+}

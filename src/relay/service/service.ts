@@ -1,0 +1,363 @@
+/**
+ * The `dynamo.kvrelay.v1.KvEventRelay` handlers (kv-relay-contract C.1-C.4):
+ * validation in the contract's order, admission limits, the pool stream
+ * (snapshot chunks, then contiguous deltas, heartbeats only after the whole
+ * snapshot), the catalog, readiness and load streams. Every failure is a
+ * RelayError; the module's error mapper turns it into the status and the
+ * `kv-relay-error-reason` trailer.
+ */
+import { create, type MessageInitShape } from "@bufbuild/protobuf";
+import type { HandlerContext, ServiceImpl } from "@connectrpc/connect";
+import type {
+  KvEventRelay} from "../../../gen/dynamo/kvrelay/v1/relay_pb.js";
+import {
+  FilterUpdateKind,
+  FilterUpdateSchema,
+  KvPoolCatalogUpdateSchema,
+  KvPoolLoadUpdateSchema,
+  RelayIdentitySchema,
+  RelayInfoSchema,
+  ServingReadinessState,
+  ServingReadinessUpdateSchema,
+  type FilterUpdate,
+  type RelayIdentity,
+} from "../../../gen/dynamo/kvrelay/v1/relay_pb.js";
+import { sameProducerIdentity, type ProducerIdentity } from "../../kv/index.js";
+import { Semaphore } from "../../util/index.js";
+import { encodeSnapshot } from "../frames.js";
+import { HubError, type HubSubscriber, type PublicationFrame, type SubscriberEndReason, type SubscriberRead } from "../hub/index.js";
+import {
+  checkContractMarker,
+  checkSubscriberId,
+  descriptorToWire,
+  endpointToWire,
+  poolIdToWire,
+  producerFromWire,
+  producerToWire,
+  RELAY_CONTRACT_MARKER,
+  RELAY_PROTOCOL_VERSION,
+  RelayError,
+  roleToWire,
+} from "../wire/index.js";
+import type { RelayMetrics, RelayStream } from "./metrics.js";
+import type { RelayPool } from "./pool.js";
+import type { Relay } from "./relay.js";
+
+type FilterUpdateInit = MessageInitShape<typeof FilterUpdateSchema>;
+
+/** Streams open per kind, against their limits. */
+class StreamAdmission {
+  private open = 0;
+  constructor(
+    private readonly limit: number,
+    private readonly label: string,
+  ) {}
+  /** Takes a slot or throws RESOURCE_LIMIT with the reference's message. */
+  admit(): () => void {
+    if (this.open >= this.limit) throw new RelayError("RESOURCE_LIMIT", `Relay ${this.label} limit ${this.limit} reached`);
+    this.open += 1;
+    let released = false;
+    return () => {
+      if (released) return;
+      released = true;
+      this.open -= 1;
+    };
+  }
+}
+
+/** What the next step of a pool stream is. */
+type Wake = { readonly kind: "read"; readonly read: SubscriberRead } | { readonly kind: "tick" } | { readonly kind: "stop" };
+
+/** The first of: the pending read, `ms` passing, or `signal`. Clears its timer. */
+function nextWake(read: Promise<SubscriberRead>, ms: number, signal: AbortSignal): Promise<Wake> {
+  if (signal.aborted) return Promise.resolve({ kind: "stop" });
+  return new Promise<Wake>((resolve) => {
+    const done = (wake: Wake): void => {
+      clearTimeout(timer);
+      signal.removeEventListener("abort", onAbort);
+      resolve(wake);
+    };
+    const onAbort = (): void => done({ kind: "stop" });
+    const timer = setTimeout(() => done({ kind: "tick" }), ms);
+    signal.addEventListener("abort", onAbort, { once: true });
+    read.then(
+      (r) => done({ kind: "read", read: r }),
+      () => done({ kind: "read", read: { kind: "ended", reason: "failed" } }),
+    );
+  });
+}
+
+export interface RelayServiceOptions {
+  readonly relay: Relay;
+  readonly metrics: RelayMetrics;
+  /** Fires when the server drains: streams end cleanly. */
+  readonly drainSignal: AbortSignal;
+}
+
+export function relayService(options: RelayServiceOptions): Partial<ServiceImpl<typeof KvEventRelay>> {
+  const { relay, metrics, drainSignal } = options;
+  const config = relay.config;
+  const admission = {
+    catalog: new StreamAdmission(config.maxCatalogSubscribers, "catalog stream"),
+    pool: new StreamAdmission(config.maxPoolStreamsTotal, "total pool stream"),
+    readiness: new StreamAdmission(config.maxReadinessSubscribers, "readiness stream"),
+    load: new StreamAdmission(config.maxLoadSubscribers, "load stream"),
+  };
+  const encoding = new Semaphore(config.publicationEncodingConcurrency);
+  const relayIdentity = (): RelayIdentity =>
+    create(RelayIdentitySchema, { drtInstanceId: relay.identity.drtInstanceId, relayIncarnation: relay.identity.relayIncarnation });
+
+  const admit = (stream: RelayStream, scope: "total" | "per_pool" | "initialized_hub" = "total"): (() => void) => {
+    try {
+      const release = admission[stream].admit();
+      metrics.subscribers.inc({ stream });
+      return () => {
+        release();
+        metrics.subscribers.dec({ stream });
+      };
+    } catch (error) {
+      metrics.limitRejected.inc({ stream, scope });
+      throw error;
+    }
+  };
+
+  /** Ends when the call is cancelled or the server drains. */
+  const stopSignal = (ctx: HandlerContext): AbortSignal => AbortSignal.any([ctx.signal, drainSignal]);
+
+  function endError(reason: SubscriberEndReason, pool: RelayPool, expected: ProducerIdentity, during: "snapshot" | "stream"): RelayError | undefined {
+    switch (reason) {
+      case "lagged":
+        metrics.lagged.inc({ stream: "pool" });
+        return new RelayError("SUBSCRIBER_LAGGED", "the subscriber fell behind the publication queue; resubscribe from a fresh snapshot");
+      case "idle":
+        return during === "snapshot"
+          ? new RelayError("SNAPSHOT_PROGRESS_TIMEOUT", `no snapshot chunk could be handed over within ${config.snapshotProgressTimeoutMs} ms`)
+          : new RelayError("SUBSCRIBER_LAGGED", `the subscriber read nothing for ${config.snapshotProgressTimeoutMs} ms; resubscribe from a fresh snapshot`);
+      case "retired":
+      case "recovery":
+        return sameProducerIdentity(pool.producer, expected)
+          ? new RelayError("PUBLICATION_UNAVAILABLE", "the publication requires a fresh snapshot; resubscribe")
+          : new RelayError("PRODUCER_CHANGED", "the pool's producer generation changed; refresh the catalog");
+      case "failed":
+        return new RelayError("INVALID_PUBLICATION", "the pool's publication generation failed and was fenced; refresh the catalog");
+      case "aborted":
+      case "closed":
+        return undefined;
+    }
+  }
+
+  function update(frame: PublicationFrame | undefined, producer: ProducerIdentity, kind: FilterUpdateKind, sequence: bigint): FilterUpdate {
+    const init: FilterUpdateInit = {
+      protocolVersion: RELAY_PROTOCOL_VERSION,
+      relay: relayIdentity(),
+      producer: producerToWire(producer),
+      baseSequence: frame?.baseSequence ?? sequence,
+      sequence: frame?.sequence ?? sequence,
+      sendTsUs: BigInt(Date.now()) * 1000n,
+      kind,
+      contractMarker: RELAY_CONTRACT_MARKER,
+    };
+    if (frame !== undefined) init.payload = frame.payload;
+    return create(FilterUpdateSchema, init);
+  }
+
+  async function* poolStream(subscriber: HubSubscriber, pool: RelayPool, expected: ProducerIdentity, stop: AbortSignal): AsyncGenerator<FilterUpdate> {
+    const snapshot = subscriber.takeSnapshot();
+    const frames = encodeSnapshot(snapshot);
+    const wireProducer = producerToWire(expected);
+    for (let i = 0; i < frames.count; i++) {
+      const permit = await encoding.acquire(stop).catch(() => undefined);
+      if (permit === undefined) return;
+      let next: IteratorResult<PublicationFrame>;
+      try {
+        next = frames.next();
+      } finally {
+        permit.release();
+      }
+      if (next.done === true) break;
+      const frame = next.value;
+      if (frame.kind !== "snapshot_chunk" || frame.sequence !== snapshot.sequence || frame.baseSequence !== snapshot.sequence) {
+        throw new RelayError("INVALID_PUBLICATION", "a snapshot chunk does not sit at its snapshot's sequence");
+      }
+      const handedAt = performance.now();
+      const message = update(frame, expected, FilterUpdateKind.SNAPSHOT_CHUNK, snapshot.sequence);
+      message.producer = wireProducer;
+      yield message;
+      if (stop.aborted) return;
+      // The transport asks for the next message only once this one is written out.
+      if (performance.now() - handedAt > config.snapshotProgressTimeoutMs) {
+        throw new RelayError("SNAPSHOT_PROGRESS_TIMEOUT", `a snapshot chunk took longer than ${config.snapshotProgressTimeoutMs} ms to hand over`);
+      }
+      const ended = subscriber.endReason;
+      if (ended !== undefined) {
+        const error = endError(ended, pool, expected, "snapshot");
+        if (error === undefined) return;
+        throw error;
+      }
+    }
+    subscriber.releaseSnapshot();
+    let current = snapshot.sequence;
+    let pending = subscriber.next();
+    for (;;) {
+      const wake = await nextWake(pending, config.poolHeartbeatIntervalMs, stop);
+      if (wake.kind === "stop") return;
+      if (wake.kind === "tick") {
+        metrics.poolHeartbeats.inc();
+        const heartbeat = update(undefined, expected, FilterUpdateKind.HEARTBEAT, current);
+        heartbeat.producer = wireProducer;
+        yield heartbeat;
+        continue;
+      }
+      const read = wake.read;
+      if (read.kind === "ended") {
+        const error = endError(read.reason, pool, expected, "stream");
+        if (error === undefined) return;
+        throw error;
+      }
+      const frame = read.frame;
+      if (frame.kind !== "delta" || !sameProducerIdentity(frame.identity, expected) || frame.baseSequence !== current || frame.sequence !== current + 1n) {
+        throw new RelayError("INVALID_PUBLICATION", `the publication is not contiguous: at ${current}, got ${frame.kind} ${frame.baseSequence} -> ${frame.sequence}`);
+      }
+      current = frame.sequence;
+      pending = subscriber.next();
+      const message = update(frame, expected, FilterUpdateKind.DELTA, current);
+      message.producer = wireProducer;
+      yield message;
+    }
+  }
+
+  return {
+    getRelayInfo(req) {
+      checkContractMarker(req.contractMarker);
+      return create(RelayInfoSchema, { protocolVersion: RELAY_PROTOCOL_VERSION, relay: relayIdentity(), contractMarker: RELAY_CONTRACT_MARKER });
+    },
+
+    async *watchKvPoolCatalog(req, ctx) {
+      checkContractMarker(req.contractMarker);
+      checkSubscriberId(req.subscriberId);
+      const release = admit("catalog");
+      const stop = stopSignal(ctx);
+      try {
+        for (;;) {
+          const seen = relay.catalog.version;
+          yield create(KvPoolCatalogUpdateSchema, {
+            protocolVersion: RELAY_PROTOCOL_VERSION,
+            relay: relayIdentity(),
+            revision: relay.revision,
+            snapshot: { pools: relay.allPools().map((pool) => descriptorToWire(pool.descriptor)) },
+            contractMarker: RELAY_CONTRACT_MARKER,
+          });
+          await relay.catalog.waitPast(seen, config.catalogHeartbeatIntervalMs, stop);
+          if (stop.aborted) return;
+        }
+      } finally {
+        release();
+      }
+    },
+
+    async *subscribeKvPool(req, ctx) {
+      checkContractMarker(req.contractMarker);
+      checkSubscriberId(req.subscriberId);
+      if (req.expectedProducer === undefined) throw new RelayError("INVALID_REQUEST", "expected_producer is required");
+      const expected = producerFromWire(req.expectedProducer, "expected_producer");
+      const release = admit("pool");
+      let subscriber: HubSubscriber | undefined;
+      const stop = stopSignal(ctx);
+      try {
+        const pool = relay.poolById(expected.poolId);
+        if (pool === undefined) throw new RelayError("POOL_NOT_FOUND", "no pool with this pool_id is published here; refresh the catalog");
+        if (!sameProducerIdentity(pool.producer, expected)) {
+          throw new RelayError("PRODUCER_CHANGED", "the pool is published by another producer generation; refresh the catalog");
+        }
+        relay.markRequested(pool);
+        if (pool.hub === undefined && relay.initializedHubs() >= config.maxInitializedPoolHubs) {
+          metrics.limitRejected.inc({ stream: "pool", scope: "initialized_hub" });
+          throw new RelayError("RESOURCE_LIMIT", `Relay initialized pool hub limit ${config.maxInitializedPoolHubs} reached`);
+        }
+        try {
+          subscriber = pool.openHub().subscribe({ signal: stop });
+        } catch (error) {
+          if (error instanceof HubError && error.code === "SubscriberLimit") {
+            metrics.limitRejected.inc({ stream: "pool", scope: "per_pool" });
+            throw new RelayError("RESOURCE_LIMIT", `Relay per-pool stream limit ${config.maxSubscribersPerPool} reached`);
+          }
+          if (error instanceof HubError) throw new RelayError("PUBLICATION_UNAVAILABLE", `the pool's publication is not available: ${error.message}`, { cause: error });
+          throw error;
+        }
+        yield* poolStream(subscriber, pool, expected, stop);
+      } finally {
+        subscriber?.close();
+        release();
+      }
+    },
+
+    async *subscribeServingReadiness(req, ctx) {
+      checkContractMarker(req.contractMarker);
+      checkSubscriberId(req.subscriberId);
+      const release = admit("readiness");
+      const stop = stopSignal(ctx);
+      try {
+        relay.noteReadiness();
+        for (;;) {
+          const seen = relay.readiness.version;
+          yield create(ServingReadinessUpdateSchema, {
+            protocolVersion: RELAY_PROTOCOL_VERSION,
+            relay: relayIdentity(),
+            revision: seen,
+            entries: relay.topology().map((entry) => ({
+              namespace: entry.namespace,
+              canonicalModelId: entry.canonicalModelId,
+              state: ServingReadinessState[entry.state],
+              presentRoles: entry.presentRoles.map(roleToWire),
+              missingRoles: entry.missingRoles.map(roleToWire),
+              members: entry.members.map((member) => ({
+                endpoint: endpointToWire(member.pool.descriptor.servingEndpoint),
+                roles: member.roles.map(roleToWire),
+                poolId: poolIdToWire(member.pool.producer.poolId),
+              })),
+            })),
+            contractMarker: RELAY_CONTRACT_MARKER,
+          });
+          // A change or the heartbeat tick: either way the current projection goes out again.
+          await relay.readiness.waitPast(seen, config.readinessHeartbeatIntervalMs, stop);
+          if (stop.aborted) return;
+        }
+      } finally {
+        release();
+      }
+    },
+
+    async *subscribeKvPoolLoad(req, ctx) {
+      checkContractMarker(req.contractMarker);
+      checkSubscriberId(req.subscriberId);
+      const release = admit("load");
+      const stop = stopSignal(ctx);
+      try {
+        let window = relay.currentLoadWindow();
+        for (;;) {
+          yield create(KvPoolLoadUpdateSchema, {
+            protocolVersion: RELAY_PROTOCOL_VERSION,
+            relay: relayIdentity(),
+            windowSequence: window.windowSequence,
+            observedMs: window.observedMs,
+            windowMs: window.windowMs,
+            pools: window.pools.map((entry) => ({
+              producer: producerToWire(entry.descriptor.producer),
+              kvUsedBlocks: entry.kvUsedBlocks,
+              totalKvBlocks: entry.totalKvBlocks,
+              kvObservedRanks: entry.kvObservedRanks,
+              kvExpectedRanks: entry.kvExpectedRanks,
+            })),
+            contractMarker: RELAY_CONTRACT_MARKER,
+          });
+          const next = await relay.loadWindowAfter(window.windowSequence, stop);
+          if (next === undefined) return;
+          metrics.loadUpdates.inc();
+          window = next;
+        }
+      } finally {
+        release();
+      }
+    },
+  };
+}
