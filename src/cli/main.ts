@@ -62,9 +62,13 @@ export const subcommands: readonly LazySubcommand[] = [
   },
   {
     name: "kv",
-    description: "KV routing by hand: block and sequence hashes, and where a key sits in the Cuckoo filter",
+    description: "KV routing by hand: block and sequence hashes, where a key sits in the Cuckoo filter, and replaying router events into a relay pool",
     term: "kv",
-    load: async () => (await import("../kv/index.js")).kvCommand(),
+    load: async () => {
+      const kv = (await import("../kv/index.js")).kvCommand();
+      // Publishing needs a client and the ingest contract, which live with the relay.
+      return kv.addCommand((await import("../relay/publish-cli.js")).kvPublishCommand());
+    },
   },
   {
     name: "cbi1",

@@ -98,7 +98,7 @@ export const relayConfigSchema = z
     drtInstanceId: u64Schema.optional(),
     /** The datacenter id of the pools that do not set their own (DYN_DC_ID). */
     dcId: u64Schema.default(1n),
-    pools: z.array(relayPoolConfigSchema).min(1).default([{ name: "default" } as never]),
+    pools: z.array(relayPoolConfigSchema).min(1).prefault([{ name: "default" }]),
     /** The largest message either way (C.5); at least one largest CBI1 frame plus envelope. */
     maxMessageBytes: z.number().int().min(MIN_MAX_MESSAGE_BYTES).max(0x7fff_ffff).default(8 * 1024 * 1024),
     poolHeartbeatIntervalMs: timerMs.default(10_000),
