@@ -6,6 +6,8 @@ export * from "./cbi1/index.js";
 export * from "./hub/index.js";
 export { cbi1Command, type Cbi1CliIo } from "./cli.js";
 export { encodeDeltaFrame, encodeSnapshot, publishDelta, PublicationFrameError, wireFormat, type PublicationFrameErrorCode, type SnapshotFrames } from "./frames.js";
+// The consumer side: per-pool lane mirrors fed from a relay, overlap queries over them.
+export * from "./consumer/index.js";
 export * from "./wire/index.js";
 export * from "./service/index.js";
 export * from "./nats/index.js";
