@@ -16,7 +16,7 @@ export interface RelayServer extends InProcessServer {
 }
 
 /** A host serving the relay module with `relayConfig` over the test defaults. */
-export async function startRelay(relayConfig: Record<string, unknown> = {}): Promise<RelayServer> {
+export async function startRelay(relayConfig: Record<string, unknown> = {}, hostConfig: Record<string, unknown> = {}): Promise<RelayServer> {
   let relay: Relay | undefined;
   const probe = defineModule({
     name: "relayProbe",
@@ -28,7 +28,7 @@ export async function startRelay(relayConfig: Record<string, unknown> = {}): Pro
       return { services: [] };
     },
   });
-  const server = await startServer({ modules: [relayModule, probe], config: { relay: relayConfig } });
+  const server = await startServer({ modules: [relayModule, probe], config: { ...hostConfig, relay: relayConfig } });
   if (relay === undefined) throw new Error("the relay module did not start");
   return Object.assign(server, { relay });
 }
