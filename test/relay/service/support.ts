@@ -8,7 +8,7 @@ import { z } from "zod";
 import { type RouterEvent as WireRouterEvent, RouterEventSchema } from "../../../gen/mmgate/kvevents/v1/kvevents_pb.js";
 import { decode, FilterFormat, SnapshotAssembly } from "../../../src/relay/index.js";
 import { relayModule, type Relay } from "../../../src/relay/index.js";
-import { defineModule } from "../../../src/server/index.js";
+import { defineModule, redactedConfig, type MmgateConfig } from "../../../src/server/index.js";
 import { startServer, type InProcessServer } from "../../support/index.js";
 
 export interface RelayServer extends InProcessServer {
@@ -116,4 +116,9 @@ export class TestMirror {
         return;
     }
   }
+}
+
+/** The config as `serve --print-config` prints it (u64s as decimal strings). */
+export function printedConfig(config: MmgateConfig): unknown {
+  return JSON.parse(JSON.stringify(redactedConfig(config), (_k, v: unknown) => (typeof v === "bigint" ? v.toString() : v)));
 }
