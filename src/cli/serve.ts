@@ -1,7 +1,7 @@
 import { Command, InvalidArgumentError, Option } from "commander";
 import { pino } from "pino";
 import { builtinModules } from "../modules.js";
-import { ConfigError, loadConfig, parseScalar, redactedConfig, startHost } from "../server/index.js";
+import { ConfigError, hostPort, loadConfig, parseScalar, redactedConfig, startHost, type ServiceModule } from "../server/index.js";
 import { version } from "../version.js";
 
 interface ServeOptions {
@@ -26,12 +26,36 @@ export interface ServeRole {
   readonly name: string;
   readonly description: string;
   readonly modules: readonly string[];
+  /**
+   * Loads the modules this role runs that are not builtin: `serve` does not
+   * know them, so they never run there (the router, which needs relays to
+   * mirror).
+   */
+  readonly extraModules?: () => Promise<readonly ServiceModule[]>;
+  /** The role's own options, e.g. the router's --relay. */
+  readonly options?: readonly Option[];
+  /** Config overrides from the role's own options (over --set). */
+  readonly overrides?: (opts: Record<string, unknown>) => Record<string, unknown>;
 }
 
-/** The roles a deployment spreads over machines; `serve` runs every module at once. */
+function collectRelay(value: string, previous: readonly string[] | undefined): string[] {
+  const parsed = hostPort.safeParse(value);
+  if (!parsed.success) throw new InvalidArgumentError(parsed.error.issues[0]?.message ?? "expected HOST:PORT");
+  return [...(previous ?? []), value];
+}
+
+/** The roles a deployment spreads over machines; `serve` runs every builtin module at once. */
 export const serveRoles: readonly ServeRole[] = [
   { name: "encode-worker", description: "serve an Encode worker (modules media and encodeWorker)", modules: ["media", "encodeWorker"] },
   { name: "token-worker", description: "serve the demo token worker (module tokenWorker)", modules: ["tokenWorker"] },
+  {
+    name: "router",
+    description: "serve KV overlap queries (mmgate.kvrouter.v1.OverlapService) over the pools of one or more KV relays (module router)",
+    modules: ["router"],
+    extraModules: async () => [(await import("../relay/router/index.js")).routerModule],
+    options: [new Option("--relay <host:port>", "a KV relay to mirror (repeatable; else router.relays from the config or MMGATE_ROUTER__RELAYS)").argParser(collectRelay)],
+    overrides: (opts) => (Array.isArray(opts.relay) ? { "router.relays": opts.relay } : {}),
+  },
 ];
 
 export function serveCommand(role?: ServeRole): Command {
@@ -39,7 +63,9 @@ export function serveCommand(role?: ServeRole): Command {
     .description(role?.description ?? "serve the services of every configured module on one listener (embedded defaults without a config file)")
     .addOption(new Option("-c, --config <file>", "JSON or YAML config file").env("MMGATE_CONFIG"))
     .option("--listen <host:port>", "gRPC listener (default 127.0.0.1:50051)")
-    .option("--admin-listen <host:port>", 'admin HTTP listener for /metrics, /healthz, /readyz ("" turns it off; default 127.0.0.1:9464)')
+    .option("--admin-listen <host:port>", 'admin HTTP listener for /metrics, /healthz, /readyz ("" turns it off; default 127.0.0.1:9464)');
+  for (const option of role?.options ?? []) command.addOption(option);
+  command
     .addOption(
       new Option("--modules <names>", `comma-separated modules to run (known: ${builtinModules.map((m) => m.name).join(", ") || "none"})`).hideHelp(
         role !== undefined,
@@ -50,6 +76,7 @@ export function serveCommand(role?: ServeRole): Command {
     .option("--set <key=value>", "set any config key, e.g. --set shutdown.graceMs=2000 (repeatable)", collectSet, {})
     .option("--print-config", "print the effective config (secrets redacted) and exit")
     .action(async (opts: ServeOptions) => {
+      const modules: readonly ServiceModule[] = [...builtinModules, ...((await role?.extraModules?.()) ?? [])];
       const overrides: Record<string, unknown> = { ...opts.set };
       // A role's modules are the role: they beat the file, the environment and --modules.
       if (role) opts.modules = role.modules.join(",");
@@ -58,10 +85,11 @@ export function serveCommand(role?: ServeRole): Command {
       if (opts.modules !== undefined) overrides.modules = opts.modules;
       if (opts.services !== undefined) overrides.services = opts.services;
       if (opts.logLevel !== undefined) overrides["log.level"] = opts.logLevel;
+      if (role?.overrides) Object.assign(overrides, role.overrides(opts as unknown as Record<string, unknown>));
       const warnings: string[] = [];
       let config;
       try {
-        config = loadConfig({ file: opts.config, env: process.env, overrides, onWarning: (m) => warnings.push(m) }, builtinModules);
+        config = loadConfig({ file: opts.config, env: process.env, overrides, onWarning: (m) => warnings.push(m) }, modules);
       } catch (err) {
         if (err instanceof ConfigError) {
           process.stderr.write(`mmgate: ${err.message}\n`);
@@ -71,14 +99,14 @@ export function serveCommand(role?: ServeRole): Command {
       }
       if (opts.printConfig) {
         for (const w of warnings) process.stderr.write(`mmgate: warning: ${w}\n`);
-        process.stdout.write(`${JSON.stringify(redactedConfig(config), (_key, value: unknown) => (typeof value === "bigint" ? value.toString() : value), 2)}\n`);
+        process.stdout.write(`${JSON.stringify(redactedConfig(config), null, 2)}\n`);
         return;
       }
       const logger = pino({ level: config.log.level, base: { pid: process.pid }, timestamp: pino.stdTimeFunctions.isoTime });
       for (const w of warnings) logger.warn(w);
       let host;
       try {
-        host = await startHost({ config, modules: builtinModules, logger, version });
+        host = await startHost({ config, modules, logger, version });
       } catch (err) {
         // Start-up failures an operator can fix: name them, no stack trace.
         const e = err as NodeJS.ErrnoException;

@@ -152,16 +152,16 @@ const SECRET_PATHS = [["auth", "token"]];
 /** Keys that hold a secret wherever they sit inside a module's section (a pool's NATS credentials, say). */
 const SECRET_KEYS = new Set(["token", "pass"]);
 
-/** Replaces every non-empty SECRET_KEYS value below `node`, in arrays too. */
+/**
+ * Replaces every non-empty SECRET_KEYS value below `node`, in arrays too,
+ * and writes u64s (bigint) as decimal strings, which the config reads back.
+ */
 function redactSecretKeys(node: unknown): void {
-  if (Array.isArray(node)) {
-    for (const item of node) redactSecretKeys(item);
-    return;
-  }
   if (typeof node !== "object" || node === null) return;
   const record = node as Record<string, unknown>;
   for (const [key, value] of Object.entries(record)) {
     if (SECRET_KEYS.has(key) && typeof value === "string" && value !== "") record[key] = "<redacted>";
+    else if (typeof value === "bigint") record[key] = value.toString();
     else redactSecretKeys(value);
   }
 }
@@ -409,6 +409,7 @@ export function redactedConfig(config: MmgateConfig): Record<string, unknown> {
   const { sections, ...host } = config;
   const out = structuredClone({ ...host, ...sections }) as Record<string, unknown>;
   for (const name of Object.keys(sections)) redactSecretKeys(out[name]);
+  // JSON-ready: print-config and GetConfig write it as it is.
   for (const path of SECRET_PATHS) {
     let node: unknown = out;
     for (const key of path.slice(0, -1)) node = (node as Record<string, unknown> | undefined)?.[key];
