@@ -20,6 +20,7 @@ import {
   ServingReadinessState,
   ServingReadinessUpdateSchema,
   type FilterUpdate,
+  type ProducerIdentity as WireProducer,
   type RelayIdentity,
 } from "../../../gen/dynamo/kvrelay/v1/relay_pb.js";
 import { sameProducerIdentity, type ProducerIdentity } from "../../kv/index.js";
@@ -68,23 +69,41 @@ class StreamAdmission {
 /** What the next step of a pool stream is. */
 type Wake = { readonly kind: "read"; readonly read: SubscriberRead } | { readonly kind: "tick" } | { readonly kind: "stop" };
 
-/** The first of: the pending read, `ms` passing, or `signal`. Clears its timer. */
-function nextWake(read: Promise<SubscriberRead>, ms: number, signal: AbortSignal): Promise<Wake> {
-  if (signal.aborted) return Promise.resolve({ kind: "stop" });
-  return new Promise<Wake>((resolve) => {
-    const done = (wake: Wake): void => {
-      clearTimeout(timer);
-      signal.removeEventListener("abort", onAbort);
-      resolve(wake);
-    };
-    const onAbort = (): void => done({ kind: "stop" });
-    const timer = setTimeout(() => done({ kind: "tick" }), ms);
-    signal.addEventListener("abort", onAbort, { once: true });
+/**
+ * One subscriber read, waited on across heartbeat ticks: it settles once,
+ * and whoever waits for it now is told. (A `then` per tick on the read's
+ * promise would pile up one closure per heartbeat on an idle stream.)
+ */
+class PendingRead {
+  private result: SubscriberRead | undefined;
+  private waiter: ((read: SubscriberRead) => void) | undefined;
+  constructor(read: Promise<SubscriberRead>) {
     read.then(
-      (r) => done({ kind: "read", read: r }),
-      () => done({ kind: "read", read: { kind: "ended", reason: "failed" } }),
+      (r) => this.settle(r),
+      () => this.settle({ kind: "ended", reason: "failed" }),
     );
-  });
+  }
+  private settle(read: SubscriberRead): void {
+    this.result = read;
+    this.waiter?.(read);
+  }
+  /** The first of: the read, `ms` passing, or `signal`. Clears its timer and listener. */
+  wake(ms: number, signal: AbortSignal): Promise<Wake> {
+    if (this.result !== undefined) return Promise.resolve({ kind: "read", read: this.result });
+    if (signal.aborted) return Promise.resolve({ kind: "stop" });
+    return new Promise<Wake>((resolve) => {
+      const done = (wake: Wake): void => {
+        clearTimeout(timer);
+        signal.removeEventListener("abort", onAbort);
+        this.waiter = undefined;
+        resolve(wake);
+      };
+      const onAbort = (): void => done({ kind: "stop" });
+      const timer = setTimeout(() => done({ kind: "tick" }), ms);
+      signal.addEventListener("abort", onAbort, { once: true });
+      this.waiter = (read) => done({ kind: "read", read });
+    });
+  }
 }
 
 export interface RelayServiceOptions {
@@ -104,8 +123,11 @@ export function relayService(options: RelayServiceOptions): Partial<ServiceImpl<
     load: new StreamAdmission(config.maxLoadSubscribers, "load stream"),
   };
   const encoding = new Semaphore(config.publicationEncodingConcurrency);
-  const relayIdentity = (): RelayIdentity =>
-    create(RelayIdentitySchema, { drtInstanceId: relay.identity.drtInstanceId, relayIncarnation: relay.identity.relayIncarnation });
+  // Messages are only read by the serializer, so one identity message serves every response.
+  const relayIdentityMessage: RelayIdentity = create(RelayIdentitySchema, {
+    drtInstanceId: relay.identity.drtInstanceId,
+    relayIncarnation: relay.identity.relayIncarnation,
+  });
 
   const admit = (stream: RelayStream, scope: "total" | "per_pool" | "initialized_hub" = "total"): (() => void) => {
     try {
@@ -146,11 +168,12 @@ export function relayService(options: RelayServiceOptions): Partial<ServiceImpl<
     }
   }
 
-  function update(frame: PublicationFrame | undefined, producer: ProducerIdentity, kind: FilterUpdateKind, sequence: bigint): FilterUpdate {
+  /** One FilterUpdate: a frame's sequences and payload, or a heartbeat at `sequence`. */
+  function update(producer: WireProducer, kind: FilterUpdateKind, frame: PublicationFrame | undefined, sequence: bigint): FilterUpdate {
     const init: FilterUpdateInit = {
       protocolVersion: RELAY_PROTOCOL_VERSION,
-      relay: relayIdentity(),
-      producer: producerToWire(producer),
+      relay: relayIdentityMessage,
+      producer,
       baseSequence: frame?.baseSequence ?? sequence,
       sequence: frame?.sequence ?? sequence,
       sendTsUs: BigInt(Date.now()) * 1000n,
@@ -180,9 +203,7 @@ export function relayService(options: RelayServiceOptions): Partial<ServiceImpl<
         throw new RelayError("INVALID_PUBLICATION", "a snapshot chunk does not sit at its snapshot's sequence");
       }
       const handedAt = performance.now();
-      const message = update(frame, expected, FilterUpdateKind.SNAPSHOT_CHUNK, snapshot.sequence);
-      message.producer = wireProducer;
-      yield message;
+      yield update(wireProducer, FilterUpdateKind.SNAPSHOT_CHUNK, frame, snapshot.sequence);
       if (stop.aborted) return;
       // The transport asks for the next message only once this one is written out.
       if (performance.now() - handedAt > config.snapshotProgressTimeoutMs) {
@@ -197,15 +218,13 @@ export function relayService(options: RelayServiceOptions): Partial<ServiceImpl<
     }
     subscriber.releaseSnapshot();
     let current = snapshot.sequence;
-    let pending = subscriber.next();
+    let pending = new PendingRead(subscriber.next());
     for (;;) {
-      const wake = await nextWake(pending, config.poolHeartbeatIntervalMs, stop);
+      const wake = await pending.wake(config.poolHeartbeatIntervalMs, stop);
       if (wake.kind === "stop") return;
       if (wake.kind === "tick") {
         metrics.poolHeartbeats.inc();
-        const heartbeat = update(undefined, expected, FilterUpdateKind.HEARTBEAT, current);
-        heartbeat.producer = wireProducer;
-        yield heartbeat;
+        yield update(wireProducer, FilterUpdateKind.HEARTBEAT, undefined, current);
         continue;
       }
       const read = wake.read;
@@ -219,17 +238,15 @@ export function relayService(options: RelayServiceOptions): Partial<ServiceImpl<
         throw new RelayError("INVALID_PUBLICATION", `the publication is not contiguous: at ${current}, got ${frame.kind} ${frame.baseSequence} -> ${frame.sequence}`);
       }
       current = frame.sequence;
-      pending = subscriber.next();
-      const message = update(frame, expected, FilterUpdateKind.DELTA, current);
-      message.producer = wireProducer;
-      yield message;
+      pending = new PendingRead(subscriber.next());
+      yield update(wireProducer, FilterUpdateKind.DELTA, frame, current);
     }
   }
 
   return {
     getRelayInfo(req) {
       checkContractMarker(req.contractMarker);
-      return create(RelayInfoSchema, { protocolVersion: RELAY_PROTOCOL_VERSION, relay: relayIdentity(), contractMarker: RELAY_CONTRACT_MARKER });
+      return create(RelayInfoSchema, { protocolVersion: RELAY_PROTOCOL_VERSION, relay: relayIdentityMessage, contractMarker: RELAY_CONTRACT_MARKER });
     },
 
     async *watchKvPoolCatalog(req, ctx) {
@@ -242,7 +259,7 @@ export function relayService(options: RelayServiceOptions): Partial<ServiceImpl<
           const seen = relay.catalog.version;
           yield create(KvPoolCatalogUpdateSchema, {
             protocolVersion: RELAY_PROTOCOL_VERSION,
-            relay: relayIdentity(),
+            relay: relayIdentityMessage,
             revision: relay.revision,
             snapshot: { pools: relay.allPools().map((pool) => descriptorToWire(pool.descriptor)) },
             contractMarker: RELAY_CONTRACT_MARKER,
@@ -302,7 +319,7 @@ export function relayService(options: RelayServiceOptions): Partial<ServiceImpl<
           const seen = relay.readiness.version;
           yield create(ServingReadinessUpdateSchema, {
             protocolVersion: RELAY_PROTOCOL_VERSION,
-            relay: relayIdentity(),
+            relay: relayIdentityMessage,
             revision: seen,
             entries: relay.topology().map((entry) => ({
               namespace: entry.namespace,
@@ -337,7 +354,7 @@ export function relayService(options: RelayServiceOptions): Partial<ServiceImpl<
         for (;;) {
           yield create(KvPoolLoadUpdateSchema, {
             protocolVersion: RELAY_PROTOCOL_VERSION,
-            relay: relayIdentity(),
+            relay: relayIdentityMessage,
             windowSequence: window.windowSequence,
             observedMs: window.observedMs,
             windowMs: window.windowMs,
