@@ -42,6 +42,15 @@ export const subcommands: readonly LazySubcommand[] = [
     },
   },
   {
+    name: "router",
+    description: "serve KV overlap queries (mmgate.kvrouter.v1.OverlapService) over the pools of one or more KV relays (module router)",
+    term: "router [options]",
+    load: async () => {
+      const { serveCommand, serveRoles } = await import("./serve.js");
+      return serveCommand(serveRoles.find((r) => r.name === "router"));
+    },
+  },
+  {
     name: "health",
     description: "check grpc.health.v1 on a server; exits 0 when SERVING",
     term: "health [options]",
@@ -69,6 +78,12 @@ export const subcommands: readonly LazySubcommand[] = [
       // Publishing needs a client and the ingest contract, which live with the relay.
       return kv.addCommand((await import("../relay/publish-cli.js")).kvPublishCommand());
     },
+  },
+  {
+    name: "relay",
+    description: "KV relays by hand: watch a relay's catalog and pool streams as a router would mirror them",
+    term: "relay",
+    load: async () => (await import("../relay/watch-cli.js")).relayCommand(),
   },
   {
     name: "cbi1",

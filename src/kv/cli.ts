@@ -57,7 +57,7 @@ interface LocateOptions {
  * that no JSON reader rounds them). Exit codes: 0 done, 1 bad input.
  */
 export function kvCommand(io: KvCliIo = { out: process.stdout, err: process.stderr }): Command {
-  const kv = new Command("kv").description("KV routing by hand: block and sequence hashes, and where a key sits in the Cuckoo filter");
+  const kv = new Command("kv").description("KV routing by hand: block and sequence hashes, where a key sits in the Cuckoo filter, and replaying router events into a relay pool");
   kv.command("hash")
     .description("print the block hashes and the sequence hashes of a token sequence (complete blocks only)")
     .requiredOption("--block-size <n>", "tokens per KV block", parseCount("--block-size", 1, 0xffff_ffff))

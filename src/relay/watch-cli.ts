@@ -1,0 +1,349 @@
+/**
+ * `mmgate relay watch ADDR`: mirrors a relay's pools as a router would
+ * (a RelayConsumer) and shows what arrives. It prints the catalog (one line
+ * per pool), a progress bar per pool while its snapshot arrives (on a
+ * terminal), then a status line per second with each pool's delta rate,
+ * installed sequence and lag. `--json` prints every consumer event as a
+ * JSON line instead (u64s as decimal strings; a catalog event also lists
+ * the pools). `--once` exits 0 once every pool is ready.
+ *
+ * Exit codes: 0 when --once saw every pool ready, when --timeout ended a
+ * watch whose catalog stream was open, or on a clean end; 1 when the relay
+ * refused the contract, when --timeout ended with the relay unreachable
+ * (its last error is named), when --once timed out before every pool was
+ * ready, or when --once found a pool quarantined; 130 after Ctrl-C.
+ */
+import { MultiBar, Presets, type SingleBar } from "cli-progress";
+import { Command, InvalidArgumentError, Option } from "commander";
+import { caOption, clientTransport, tlsOption } from "../rpc/index.js";
+import { hostPort } from "../server/index.js";
+import { MAX_TIMER_MS } from "../util/index.js";
+import { RelayConsumer, type ConsumerFailure, type PoolView, type RelayConsumerEvent } from "./consumer/index.js";
+import { defaultSubscriberId } from "./router/index.js";
+import { checkSubscriberId, endpointName } from "./wire/index.js";
+
+export interface WatchCliIo {
+  readonly out: { write(text: string): unknown };
+  readonly err: { write(text: string): unknown };
+  /** Draw progress bars on `err` (default: standard error is a terminal). */
+  readonly progress?: boolean;
+  /** Whether `out` is the terminal the bars are drawn on (default: standard output is a terminal). */
+  readonly outIsTerminal?: boolean;
+}
+
+interface WatchOptions {
+  tls?: boolean;
+  ca?: string;
+  json?: boolean;
+  once?: boolean;
+  timeout: number;
+  subscriberId?: string;
+}
+
+/** How often the status line is printed (ms). */
+const STATUS_INTERVAL_MS = 1000;
+
+/** Exit code after Ctrl-C. */
+const INTERRUPTED = 130;
+
+function milliseconds(text: string): number {
+  const n = Number(text);
+  if (!/^[0-9]+$/.test(text) || n > MAX_TIMER_MS) throw new InvalidArgumentError(`an integer from 0 to ${MAX_TIMER_MS}`);
+  return n;
+}
+
+function subscriberIdArg(text: string): string {
+  try {
+    return checkSubscriberId(text);
+  } catch (err) {
+    throw new InvalidArgumentError((err as Error).message);
+  }
+}
+
+function relayAddress(text: string): string {
+  const parsed = hostPort.safeParse(text);
+  if (!parsed.success) throw new InvalidArgumentError(parsed.error.issues[0]?.message ?? "expected HOST:PORT");
+  return text;
+}
+
+/** JSON with u64s (bigints) as decimal strings. */
+function jsonLine(value: unknown): string {
+  return `${JSON.stringify(value, (_key, v: unknown) => (typeof v === "bigint" ? v.toString() : v))}\n`;
+}
+
+function failureText(error: ConsumerFailure): string {
+  return error.message === "" ? error.reason : `${error.reason}: ${error.message}`;
+}
+
+/** A pool as the catalog describes it, for --json. */
+function describePool(view: PoolView): Record<string, unknown> {
+  const d = view.descriptor;
+  const base = { key: view.key, dcId: view.poolId.dcId, state: view.state };
+  if (d === undefined) return { ...base, unsupported: view.lastError?.message ?? "" };
+  const producer = d.producer;
+  return {
+    ...base,
+    endpoint: endpointName(d.servingEndpoint),
+    models: d.registrations.map((r) => ({
+      model: r.model,
+      aliases: r.aliases,
+      ...(r.target.kind === "lora" ? { loraBase: r.target.baseModel, adapter: r.target.adapter } : {}),
+    })),
+    blockSize: d.querySemantics.kvBlockSize,
+    hashFormat: d.querySemantics.hashFormat,
+    bucketCount: producer.format.bucketCount,
+    seed: producer.format.seed,
+    producerIncarnation: producer.producerIncarnation,
+    layoutGeneration: producer.layoutGeneration,
+    roles: d.poolRoles,
+  };
+}
+
+/** One catalog line's models: "model (aliases a, b)", "adapter (LoRA on base)". */
+function modelsText(view: PoolView): string {
+  return (view.descriptor?.registrations ?? [])
+    .map((r) => {
+      const notes = [
+        ...(r.target.kind === "lora" ? [`LoRA on ${r.target.baseModel}`] : []),
+        ...(r.aliases.length > 0 ? [`aliases ${r.aliases.join(", ")}`] : []),
+      ];
+      return notes.length > 0 ? `${r.model} (${notes.join("; ")})` : r.model;
+    })
+    .join(", ");
+}
+
+/** Progress bars of the snapshots being assembled, on a terminal; lines printed meanwhile go above them. */
+class SnapshotBars {
+  private multi: MultiBar | undefined;
+  private readonly bars = new Map<string, SingleBar>();
+
+  constructor(
+    private readonly io: WatchCliIo,
+    private readonly enabled: boolean,
+    private readonly outIsTerminal: boolean,
+  ) {}
+
+  progress(pool: string, label: string, received: number, expected: number): void {
+    if (!this.enabled) return;
+    let bar = this.bars.get(pool);
+    if (bar === undefined) {
+      if (received >= expected) return;
+      this.multi ??= new MultiBar(
+        { format: "{label} snapshot [{bar}] {value}/{total} chunks", hideCursor: true, clearOnComplete: false, stream: this.io.err as NodeJS.WritableStream },
+        Presets.shades_classic,
+      );
+      bar = this.multi.create(expected, received, { label });
+      this.bars.set(pool, bar);
+      return;
+    }
+    bar.setTotal(expected);
+    bar.update(received);
+  }
+
+  /** The pool's snapshot is over (installed, abandoned, or the pool left). */
+  done(pool: string): void {
+    const bar = this.bars.get(pool);
+    if (bar === undefined || this.multi === undefined) return;
+    this.bars.delete(pool);
+    this.multi.remove(bar);
+    if (this.bars.size === 0) this.stop();
+  }
+
+  /** A line for standard output, above the bars while they are drawn on the same terminal. */
+  line(text: string): void {
+    if (this.multi !== undefined && this.outIsTerminal) this.multi.log(`${text}\n`);
+    else this.io.out.write(`${text}\n`);
+  }
+
+  stop(): void {
+    this.multi?.stop();
+    this.multi = undefined;
+    this.bars.clear();
+  }
+}
+
+/** Watches `addr`; resolves with the exit code. */
+export async function watchRelay(addr: string, o: WatchOptions, io: WatchCliIo): Promise<number> {
+  const transport = clientTransport({ addr, ...(o.tls !== undefined ? { tls: o.tls } : {}), ...(o.ca !== undefined ? { ca: o.ca } : {}) });
+  const json = o.json === true;
+  const bars = new SnapshotBars(io, !json && (io.progress ?? process.stderr.isTTY === true), io.outIsTerminal ?? process.stdout.isTTY === true);
+  const controller = new AbortController();
+  let outcome: { code: number; message?: string } | undefined;
+  const finish = (code: number, message?: string) => {
+    if (outcome !== undefined) return;
+    outcome = message === undefined ? { code } : { code, message };
+    controller.abort();
+  };
+
+  /** Short pool labels, "[1]", "[2]", ... in the order pools first appear. */
+  const labels = new Map<string, string>();
+  const label = (key: string) => {
+    let l = labels.get(key);
+    if (l === undefined) labels.set(key, (l = `[${labels.size + 1}]`));
+    return l;
+  };
+  const deltas = new Map<string, number>();
+  let printedRevision: bigint | undefined;
+  let lastCatalogError: string | undefined;
+
+  const consumer: RelayConsumer = new RelayConsumer({
+    transport,
+    subscriberId: o.subscriberId ?? defaultSubscriberId("mmgate-relay-watch"),
+    relay: addr,
+    onEvent: (event) => {
+      if (json) io.out.write(jsonLine(event.type === "catalog" ? { ...event, catalog: consumer.pools().map(describePool) } : event));
+      else human(event);
+      if (o.once === true) checkOnce();
+    },
+  });
+
+  const human = (event: RelayConsumerEvent) => {
+    switch (event.type) {
+      case "catalog": {
+        lastCatalogError = undefined;
+        const changed = event.added.length + event.removed.length + event.replaced.length > 0;
+        if (!changed && printedRevision === event.revision) return;
+        printedRevision = event.revision;
+        bars.line(`relay ${addr} catalog revision ${event.revision}: ${event.pools} pool${event.pools === 1 ? "" : "s"}`);
+        for (const view of consumer.pools()) {
+          const d = view.descriptor;
+          if (d === undefined) {
+            bars.line(`  ${label(view.key)} dc ${view.poolId.dcId}  quarantined: ${view.lastError?.message ?? "unsupported descriptor"}  pool ${view.key}`);
+            continue;
+          }
+          bars.line(
+            `  ${label(view.key)} dc ${view.poolId.dcId}  endpoint ${endpointName(d.servingEndpoint)}  models ${modelsText(view)}  ` +
+              `block ${d.querySemantics.kvBlockSize}  ${d.querySemantics.hashFormat}  ${d.producer.format.bucketCount} buckets  pool ${view.key}`,
+          );
+        }
+        for (const r of event.rejected) bars.line(`  rejected catalog entry ${r.index}${r.key === undefined ? "" : ` (pool ${r.key})`}: ${r.reason}: ${r.message}`);
+        return;
+      }
+      case "catalog-error": {
+        const text = failureText(event.error);
+        if (text !== lastCatalogError) io.err.write(`mmgate relay watch: ${addr}: catalog stream: ${text}; retrying\n`);
+        lastCatalogError = text;
+        return;
+      }
+      case "snapshot-progress":
+        bars.progress(event.pool, label(event.pool), event.chunksReceived, event.chunksExpected);
+        return;
+      case "ready":
+        bars.done(event.pool);
+        bars.line(`${label(event.pool)} ready at sequence ${event.sequence}`);
+        return;
+      case "delta":
+        deltas.set(event.pool, (deltas.get(event.pool) ?? 0) + 1);
+        return;
+      case "invalidated":
+        bars.done(event.pool);
+        bars.line(`${label(event.pool)} invalidated: ${failureText(event.error)}; resubscribing in ${event.retryInMs} ms`);
+        return;
+      case "quarantined":
+        bars.done(event.pool);
+        bars.line(`${label(event.pool)} quarantined: ${failureText(event.error)}`);
+        return;
+      case "withdrawn":
+        bars.done(event.pool);
+        bars.line(`${label(event.pool)} withdrawn from the catalog`);
+        return;
+      default:
+        return;
+    }
+  };
+
+  const checkOnce = () => {
+    if (consumer.catalog().revision === undefined) return;
+    const pools = consumer.pools();
+    if (!pools.every((p) => p.state === "ready" || p.state === "quarantined")) return;
+    const quarantined = pools.filter((p) => p.state === "quarantined");
+    if (quarantined.length === 0) finish(0);
+    else finish(1, `${quarantined.map((p) => `pool ${p.key} is quarantined: ${p.lastError?.message ?? "unsupported"}`).join("; ")}`);
+  };
+
+  let lastTick = performance.now();
+  const status = () => {
+    const now = performance.now();
+    const seconds = Math.max(1e-3, (now - lastTick) / 1000);
+    lastTick = now;
+    const pools = consumer.pools();
+    if (pools.length === 0) return;
+    const wall = Date.now();
+    const parts = pools.map((view) => {
+      const rate = (deltas.get(view.key) ?? 0) / seconds;
+      const l = label(view.key);
+      switch (view.state) {
+        case "ready": {
+          const lag = view.lastSendTsUs === undefined || view.lastFrameAt === undefined ? "" : `  lag ${(view.lastFrameAt - Number(view.lastSendTsUs) / 1000).toFixed(1)} ms`;
+          const age = view.lastFrameAt === undefined ? "" : `  last frame ${((wall - view.lastFrameAt) / 1000).toFixed(1)} s ago`;
+          return `${l} seq ${view.installedSequence}  ${rate.toFixed(1)} deltas/s${lag}${age}`;
+        }
+        case "assembling":
+          return `${l} assembling ${view.progress.chunksReceived}/${view.progress.chunksExpected}`;
+        case "backoff":
+          return `${l} backoff${view.lastError === undefined ? "" : ` (${view.lastError.reason})`}`;
+        default:
+          return `${l} ${view.state}`;
+      }
+    });
+    deltas.clear();
+    bars.line(`${new Date(wall).toISOString().slice(11, 19)} ${parts.join(" | ")}`);
+  };
+
+  const timeoutEnd = () => {
+    const catalog = consumer.catalog();
+    if (!catalog.connected) {
+      const last = catalog.lastError === undefined ? "no catalog arrived" : failureText(catalog.lastError);
+      finish(1, `could not reach relay ${addr} within ${o.timeout} ms: ${last}`);
+      return;
+    }
+    if (o.once === true) {
+      const waiting = consumer
+        .pools()
+        .filter((p) => p.state !== "ready")
+        .map((p) => `${p.key} ${p.state}${p.state === "assembling" ? ` ${p.progress.chunksReceived}/${p.progress.chunksExpected}` : ""}`);
+      finish(1, `timed out after ${o.timeout} ms before every pool was ready: ${waiting.join(", ")}`);
+      return;
+    }
+    finish(0);
+  };
+
+  const timers: NodeJS.Timeout[] = [];
+  if (o.timeout > 0) timers.push(setTimeout(timeoutEnd, o.timeout));
+  if (!json) timers.push(setInterval(status, STATUS_INTERVAL_MS));
+  const onSigint = () => finish(INTERRUPTED);
+  process.once("SIGINT", onSigint);
+  try {
+    const result = await consumer.run(controller.signal);
+    if (result.stopped === "contract-mismatch") finish(1, `relay ${addr} refused the KV relay contract: ${failureText(result.error)}`);
+  } finally {
+    for (const timer of timers) clearTimeout(timer);
+    process.removeListener("SIGINT", onSigint);
+    bars.stop();
+  }
+  const end = outcome ?? { code: 0 };
+  if (end.message !== undefined) io.err.write(`mmgate relay watch: ${end.message}\n`);
+  return end.code;
+}
+
+export function relayWatchCommand(io: WatchCliIo = { out: process.stdout, err: process.stderr }): Command {
+  return new Command("watch")
+    .description("mirror every pool of a KV relay as a router would, and show the catalog, snapshot progress, delta rates and lag")
+    .argument("<addr>", "the relay, HOST:PORT", relayAddress)
+    .addOption(tlsOption())
+    .addOption(caOption())
+    .option("--json", "print every consumer event as a JSON line (u64s as decimal strings)")
+    .option("--once", "exit once every pool is ready (0), or when one is quarantined (1)")
+    .addOption(new Option("--timeout <ms>", "stop after this long (0: never); exit 1 if the relay was unreachable, or with --once if a pool is not ready").default(0).argParser(milliseconds))
+    .addOption(new Option("--subscriber-id <id>", "subscriber_id of the requests (default mmgate-relay-watch-<hostname>)").argParser(subscriberIdArg))
+    .action(async (addr: string, o: WatchOptions) => {
+      process.exitCode = await watchRelay(addr, o, io);
+    });
+}
+
+/** `mmgate relay …`. */
+export function relayCommand(io?: WatchCliIo): Command {
+  return new Command("relay")
+    .description("KV relays by hand: watch a relay's catalog and pool streams as a router would mirror them")
+    .addCommand(relayWatchCommand(io));
+}
