@@ -15,7 +15,7 @@ import type { Logger } from "pino";
 import { Counter, type Registry } from "prom-client";
 import { z } from "zod";
 import { hostPort } from "../server/index.js";
-import { delay, registeredMetric, settleWithin } from "../util/index.js";
+import { delay, errorOf, registeredMetric, settleWithin, whenAborted } from "../util/index.js";
 import { MembershipCell, type Member, type Membership, type Resolver } from "./resolver.js";
 
 /** One path segment of a key: non-empty, no `/`. */
@@ -89,19 +89,6 @@ async function connect(options: ConnectOptions): Promise<Etcd3> {
   });
 }
 
-function errorOf(value: unknown): Error {
-  return value instanceof Error ? value : new Error(String(value));
-}
-
-/** Resolves when `signal` fires (at once if it has), and drops its listener when `settled` settles. */
-function whenAborted(signal: AbortSignal, settled: Promise<unknown>): Promise<void> {
-  if (signal.aborted) return Promise.resolve();
-  return new Promise<void>((resolve) => {
-    const onAbort = () => resolve();
-    signal.addEventListener("abort", onAbort, { once: true });
-    void settled.finally(() => signal.removeEventListener("abort", onAbort));
-  });
-}
 
 export interface EtcdRegistrationOptions extends EtcdPool, ConnectOptions {
   /** Unique in the pool; the last segment of the key. */

@@ -90,3 +90,18 @@ export async function settleWithin(work: PromiseLike<unknown>, ms: number): Prom
     clearTimeout(timer);
   }
 }
+
+/** `value` as an Error: itself when it is one, else an Error with its text (a library that rejects with a string). */
+export function errorOf(value: unknown): Error {
+  return value instanceof Error ? value : new Error(String(value));
+}
+
+/** Resolves when `signal` fires (at once if it has), and drops its listener when `settled` settles. */
+export function whenAborted(signal: AbortSignal, settled: Promise<unknown>): Promise<void> {
+  if (signal.aborted) return Promise.resolve();
+  return new Promise<void>((resolve) => {
+    const onAbort = () => resolve();
+    signal.addEventListener("abort", onAbort, { once: true });
+    void settled.finally(() => signal.removeEventListener("abort", onAbort));
+  });
+}

@@ -3,16 +3,15 @@ import { create } from "@bufbuild/protobuf";
 import { Code, createClient } from "@connectrpc/connect";
 import * as grpc from "@grpc/grpc-js";
 import { expect } from "chai";
-import { z } from "zod";
 import { Health, HealthCheckResponse_ServingStatus as Serving } from "../../gen/grpc/health/v1/health_pb.js";
 import { KvEventService, PublishRequestSchema, type RouterEvent as WireRouterEvent } from "../../gen/mmgate/kvevents/v1/kvevents_pb.js";
 import { OverlapService } from "../../gen/mmgate/kvrouter/v1/kvrouter_pb.js";
 import { computeBlockHashForSeq, computeSeqHashForBlock } from "../../src/kv/index.js";
-import { LaneProbe, poolKey, relayModule, type Relay } from "../../src/relay/index.js";
+import { LaneProbe, poolKey } from "../../src/relay/index.js";
 import { KvRouter, MAX_OVERLAP_TOKENS, RouterError, routerModule } from "../../src/relay/router/index.js";
-import { ConfigError, defineModule } from "../../src/server/index.js";
+import { ConfigError } from "../../src/server/index.js";
 import { connectErrorOf, eventually, expectRejection, grpcUnary, runMmgate, startServer, type GrpcClient, type InProcessServer } from "../support/index.js";
-import { stored } from "./service/support.js";
+import { startRelay, stored, type RelayServer } from "./service/support.js";
 
 const BLOCK = 4;
 const MODEL = "demo-model";
@@ -29,25 +28,11 @@ async function freeAddress(): Promise<string> {
   return `127.0.0.1:${port}`;
 }
 
-interface RelayHost extends InProcessServer {
-  readonly relay: Relay;
-}
+type RelayHost = RelayServer;
 
-/** A relay host listening on `listen` (the test support's startRelay picks its own port). */
-async function relayOn(listen: string, relayConfig: Record<string, unknown>): Promise<RelayHost> {
-  let relay: Relay | undefined;
-  const probe = defineModule({
-    name: "relayProbe",
-    description: "hands the test the relay",
-    configSchema: z.strictObject({}).prefault({}),
-    requires: { relay: relayModule },
-    create(ctx) {
-      relay = ctx.deps.relay.relay;
-      return { services: [] };
-    },
-  });
-  const server = await startServer({ modules: [relayModule, probe], config: { listen, relay: relayConfig } });
-  return Object.assign(server, { relay: relay! });
+/** A relay host listening on `listen` (the test support's startRelay picks its own port otherwise). */
+function relayOn(listen: string, relayConfig: Record<string, unknown>): Promise<RelayHost> {
+  return startRelay(relayConfig, { listen });
 }
 
 /** Stores the prompt's blocks `from`..`to` (exclusive) on worker 1, after block `from - 1` when there is one. */

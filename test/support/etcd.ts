@@ -6,11 +6,11 @@
  */
 import { spawn, spawnSync, type ChildProcess } from "node:child_process";
 import { mkdtempSync, rmSync } from "node:fs";
-import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { Etcd3 } from "etcd3";
 import { eventually } from "./eventually.js";
+import { exited, freePort } from "./process.js";
 
 export interface EtcdServer {
   /** `http://127.0.0.1:PORT`, the client URL. */
@@ -40,22 +40,6 @@ export function requireEtcd(context: Mocha.Context): void {
   context.skip();
 }
 
-async function freePort(): Promise<number> {
-  const server = createServer();
-  await new Promise<void>((resolve, reject) => {
-    server.once("error", reject);
-    server.listen(0, "127.0.0.1", resolve);
-  });
-  const address = server.address();
-  await new Promise<void>((resolve) => server.close(() => resolve()));
-  if (address === null || typeof address === "string") throw new Error("no port");
-  return address.port;
-}
-
-async function exited(child: ChildProcess): Promise<void> {
-  if (child.exitCode !== null || child.signalCode !== null) return;
-  await new Promise<void>((resolve) => child.once("exit", () => resolve()));
-}
 
 /** Starts etcd and waits until a status call answers. */
 export async function startEtcd(): Promise<EtcdServer> {

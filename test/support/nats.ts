@@ -6,10 +6,11 @@
  */
 import { spawn, spawnSync, type ChildProcess } from "node:child_process";
 import { existsSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
-import { connect as tcpConnect, createServer } from "node:net";
+import { connect as tcpConnect } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { eventually } from "./eventually.js";
+import { exited, freePort } from "./process.js";
 
 export interface NatsServer {
   readonly port: number;
@@ -58,22 +59,6 @@ export function requireNats(context: Mocha.Context): void {
   context.skip();
 }
 
-async function freePort(): Promise<number> {
-  const server = createServer();
-  await new Promise<void>((resolve, reject) => {
-    server.once("error", reject);
-    server.listen(0, "127.0.0.1", resolve);
-  });
-  const address = server.address();
-  await new Promise<void>((resolve) => server.close(() => resolve()));
-  if (address === null || typeof address === "string") throw new Error("no port");
-  return address.port;
-}
-
-async function exited(child: ChildProcess): Promise<void> {
-  if (child.exitCode !== null || child.signalCode !== null) return;
-  await new Promise<void>((resolve) => child.once("exit", () => resolve()));
-}
 
 /** Resolves when a TCP client on `port` receives the server's INFO line; rejects otherwise. */
 function greets(port: number): Promise<void> {

@@ -25,7 +25,7 @@ import {
   type RouterEventJsonErrorCode,
 } from "../../kv/index.js";
 import { hostPort } from "../../server/index.js";
-import { MAX_TIMER_MS, registeredMetric, settleWithin } from "../../util/index.js";
+import { errorOf, MAX_TIMER_MS, registeredMetric, settleWithin, whenAborted } from "../../util/index.js";
 
 /** One token of a subject: no whitespace, no dot; `*` and `>` only as whole tokens. */
 const SUBJECT_TOKEN = /^(?:\*|>|[^\s.*>]+)$/;
@@ -201,19 +201,6 @@ class LogThrottle {
 /** The nats client library, loaded on first use: most processes never talk to NATS. */
 let natsModule: Promise<typeof NatsModule> | undefined;
 
-function errorOf(value: unknown): Error {
-  return value instanceof Error ? value : new Error(String(value));
-}
-
-/** Resolves when `signal` fires (at once if it has), and drops its listener when `settled` settles. */
-function whenAborted(signal: AbortSignal, settled: Promise<unknown>): Promise<void> {
-  if (signal.aborted) return Promise.resolve();
-  return new Promise<void>((resolve) => {
-    const onAbort = () => resolve();
-    signal.addEventListener("abort", onAbort, { once: true });
-    void settled.finally(() => signal.removeEventListener("abort", onAbort));
-  });
-}
 
 /** Whether a line break stands between two non-blank parts of `text`. */
 function hasInnerLineBreak(text: string): boolean {
