@@ -46,13 +46,4 @@ export function frameOf(d: DcCkfDelta, payloadBytes = 60 + 12 * d.images.length)
   return publicationFrame({ identity: d.identity, baseSequence: d.baseSequence, sequence: d.sequence, kind: "delta", payload });
 }
 
-/** A deterministic xorshift PRNG for reproducible "random" schedules. */
-export function prng(seed: number): () => number {
-  let x = seed | 0 || 1;
-  return () => {
-    x ^= x << 13;
-    x ^= x >>> 17;
-    x ^= x << 5;
-    return (x >>> 0) / 2 ** 32;
-  };
-}
+export { prng } from "../support/index.js";

@@ -8,3 +8,4 @@ export * from "./split.js";
 export * from "./tls.js";
 export * from "./etcd.js";
 export * from "./nats.js";
+export * from "./random.js";

@@ -148,3 +148,17 @@ export function locateKey(key: bigint, format: { readonly seed: bigint; readonly
   const delta = (xxh3_64(fpBytes, format.seed ^ GOLDEN_GAMMA) & mask) || 1n;
   return { key, mixed, fingerprint, bucketA: Number(bucketA), bucketB: Number(bucketA ^ delta) };
 }
+
+/**
+ * Whether either of the key's candidate buckets in `slots` (four 16-bit slots
+ * per bucket) holds its fingerprint: the filter's membership test, with false
+ * positives and no false negatives. `addressing` is left holding the key's probe.
+ */
+export function slotsHoldKey(addressing: CkfAddressing, slots: Uint16Array, hi: number, lo: number): boolean {
+  addressing.probe(hi, lo);
+  const fp = addressing.fingerprint;
+  let i = addressing.bucketA << 2;
+  if (slots[i] === fp || slots[i + 1] === fp || slots[i + 2] === fp || slots[i + 3] === fp) return true;
+  i = addressing.bucketB << 2;
+  return slots[i] === fp || slots[i + 1] === fp || slots[i + 2] === fp || slots[i + 3] === fp;
+}

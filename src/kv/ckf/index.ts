@@ -21,7 +21,7 @@ export {
   type CkfConfigInit,
   type DcCkfFormatIdentity,
 } from "./config.js";
-export { CkfAddressing, locateKey, type CkfLocation } from "./addressing.js";
+export { CkfAddressing, locateKey, slotsHoldKey, type CkfLocation } from "./addressing.js";
 export { CkfLane, type CkfLaneOptions, type CkfWriteObserver } from "./lane.js";
 export { laneSeed, SplitMix64, splitMix64Reference } from "./splitmix.js";
 export { Xxh3Of8 } from "./xxh3-8.js";

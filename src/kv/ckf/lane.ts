@@ -6,7 +6,7 @@
  * are a BigUint64Array view of the same memory, never a conversion. Slot 0
  * means empty (fingerprints are never 0).
  */
-import { CkfAddressing } from "./addressing.js";
+import { CkfAddressing, slotsHoldKey } from "./addressing.js";
 import { CKF_LANE_COUNT, MAX_KICKS } from "./config.js";
 import { CkfError, describeValue } from "./errors.js";
 import { laneSeed, SplitMix64 } from "./splitmix.js";
@@ -134,14 +134,7 @@ export class CkfLane {
 
   /** Whether either candidate bucket holds the key's fingerprint (false positives possible, no false negatives). */
   contains(hi: number, lo: number): boolean {
-    const addressing = this.addressing;
-    addressing.probe(hi, lo);
-    const fp = addressing.fingerprint;
-    const s = this.slots;
-    let i = addressing.bucketA << 2;
-    if (s[i] === fp || s[i + 1] === fp || s[i + 2] === fp || s[i + 3] === fp) return true;
-    i = addressing.bucketB << 2;
-    return s[i] === fp || s[i + 1] === fp || s[i + 2] === fp || s[i + 3] === fp;
+    return slotsHoldKey(this.addressing, this.slots, hi, lo);
   }
 
   /** The lane as little-endian u64 bucket words: a view of the slots' memory, not a copy. */

@@ -27,6 +27,7 @@
 import {
   blockHashOptionsFor,
   CkfAddressing,
+  slotsHoldKey,
   computeBlockHashForSeq,
   computeNextSeqHash,
   hi32,
@@ -53,14 +54,7 @@ export class LaneProbe {
 
   /** Whether either candidate bucket holds the key's fingerprint. */
   contains(seqHash: bigint): boolean {
-    const addressing = this.addressing;
-    addressing.probe(hi32(seqHash), lo32(seqHash));
-    const fp = addressing.fingerprint;
-    const s = this.slots;
-    let i = addressing.bucketA << 2;
-    if (s[i] === fp || s[i + 1] === fp || s[i + 2] === fp || s[i + 3] === fp) return true;
-    i = addressing.bucketB << 2;
-    return s[i] === fp || s[i + 1] === fp || s[i + 2] === fp || s[i + 3] === fp;
+    return slotsHoldKey(this.addressing, this.slots, hi32(seqHash), lo32(seqHash));
   }
 }
 

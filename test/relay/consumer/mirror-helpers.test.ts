@@ -16,6 +16,9 @@ import {
 } from "../../../src/kv/index.js";
 import { encodeDelta, encodeSnapshotChunks, FilterFormat, type BucketImage } from "../../../src/relay/index.js";
 import { producerToWire, RELAY_CONTRACT_MARKER, RELAY_PROTOCOL_VERSION, type PoolDescriptor } from "../../../src/relay/wire/index.js";
+import { prng } from "../../support/index.js";
+
+export { prng };
 
 export const FORMAT_SEED = 0x5eedn;
 
@@ -77,16 +80,6 @@ export function heartbeatUpdate(id: ProducerIdentity, sequence: bigint, init: Pa
   return update(id, { kind: FilterUpdateKind.HEARTBEAT, baseSequence: sequence, sequence, ...init });
 }
 
-/** A deterministic xorshift PRNG. */
-export function prng(seed: number): () => number {
-  let x = seed | 0 || 1;
-  return () => {
-    x ^= x << 13;
-    x ^= x >>> 17;
-    x ^= x << 5;
-    return (x >>> 0) / 2 ** 32;
-  };
-}
 
 /** A random u64 word with some empty slots, as a lane holds them. */
 export function randomWord(random: () => number): bigint {

@@ -9,7 +9,7 @@ import { createGrpcTransport } from "@connectrpc/connect-node";
 import { expect } from "chai";
 import { LaneProbe, RelayConsumer } from "../../../src/relay/index.js";
 import { computeSeqHashForBlock } from "../../../src/kv/index.js";
-import { eventually } from "../../support/index.js";
+import { eventually, prng } from "../../support/index.js";
 import { chain, removed, startRelay, type RelayServer } from "./support.js";
 import { create } from "@bufbuild/protobuf";
 import { createClient } from "@connectrpc/connect";
@@ -106,17 +106,6 @@ class ChaosProxy {
     for (const s of this.sockets) s.destroy();
     await new Promise((resolve) => this.server.close(resolve));
   }
-}
-
-/** A small deterministic PRNG, so a failing chaos run can be replayed. */
-function prng(seed: number): () => number {
-  let x = seed >>> 0 || 1;
-  return () => {
-    x ^= x << 13;
-    x ^= x >>> 17;
-    x ^= x << 5;
-    return (x >>> 0) / 2 ** 32;
-  };
 }
 
 describe("relay consumer against the real relay", function () {
