@@ -1,5 +1,5 @@
 import type { DescField, DescMessage } from "@bufbuild/protobuf";
-import { ScalarType, toBinary } from "@bufbuild/protobuf";
+import { create, ScalarType, toBinary } from "@bufbuild/protobuf";
 import { reflect } from "@bufbuild/protobuf/reflect";
 
 /**
@@ -11,10 +11,12 @@ import { reflect } from "@bufbuild/protobuf/reflect";
  * copy (and the page faults of the fresh buffer) is most of the cost of
  * sending them.
  *
- * The chunks concatenate to exactly the bytes `toBinary` writes: the
- * shortcut is taken only when the big field is the last one written (no
- * set field numbered after it, no unknown fields). Otherwise, and for
- * messages without such a field, it returns undefined.
+ * The chunks concatenate to exactly the bytes `toBinary` writes, which
+ * writes fields in field-number order: fields numbered after the big one
+ * (a relay frame's contract marker, field 127) go in a last chunk of their
+ * own. The shortcut is not taken with unknown fields (written last) or a set
+ * later field in a oneof; then, and for messages without such a field, it
+ * returns undefined.
  */
 export function serializeChunked(desc: DescMessage, message: Record<string, unknown>, minBytes: number): Uint8Array[] | undefined {
   const plan = planOf(desc);
@@ -23,27 +25,48 @@ export function serializeChunked(desc: DescMessage, message: Record<string, unkn
     const value = message[field.localName];
     if (!(value instanceof Uint8Array) || value.byteLength < minBytes) continue;
     if ((message["$unknown"] as unknown[] | undefined)?.length) return undefined;
-    if (later.length > 0) {
-      const r = reflect(desc, message as never, false);
-      if (later.some((f) => r.isSet(f))) return undefined;
-    }
+    const setLater = later.length === 0 ? NO_FIELDS : laterSet(desc, message, later);
+    if (setLater === undefined) return undefined;
+    const blank = blankOf(desc);
     const rest: Record<string, unknown> = { ...message };
     // An implicit-presence field that is empty is not written; an explicit one that is absent is not either.
     if (field.presence === IMPLICIT) rest[field.localName] = EMPTY;
     else delete rest[field.localName];
+    for (const f of setLater) rest[f.localName] = blank[f.localName];
     const head = toBinary(desc, rest as never);
-    return [head, fieldPrefix(field.number, value.byteLength), value];
+    const prefix = fieldPrefix(field.number, value.byteLength);
+    if (setLater.length === 0) return [head, prefix, value];
+    const only: Record<string, unknown> = { ...blank };
+    for (const f of setLater) only[f.localName] = message[f.localName];
+    return [head, prefix, value, toBinary(desc, only as never)];
   }
   return undefined;
 }
 
 const IMPLICIT = 2;
 const EMPTY = new Uint8Array(0);
+const NO_FIELDS: readonly DescField[] = [];
+
+/** The later fields that are set; undefined when one of them is in a oneof (its value is not a plain property). */
+function laterSet(desc: DescMessage, message: Record<string, unknown>, later: readonly DescField[]): readonly DescField[] | undefined {
+  const r = reflect(desc, message as never, false);
+  const set = later.filter((f) => r.isSet(f));
+  return set.some((f) => f.oneof !== undefined) ? undefined : set;
+}
+
+const blanks = new WeakMap<DescMessage, Record<string, unknown>>();
+
+/** A message of `desc` with every field at its default, to clear fields from a copy (read only). */
+function blankOf(desc: DescMessage): Record<string, unknown> {
+  let blank = blanks.get(desc);
+  if (blank === undefined) blanks.set(desc, (blank = create(desc) as unknown as Record<string, unknown>));
+  return blank;
+}
 const WIRE_LENGTH_DELIMITED = 2;
 
 interface BigField {
   readonly field: DescField;
-  /** The fields written after it (higher numbers). */
+  /** The fields written after it (higher numbers), outside the ones in oneofs too. */
   readonly later: readonly DescField[];
 }
 
