@@ -126,6 +126,19 @@ describe("relay hub: PublicationHub", () => {
       expect(hub.stats().sequence).to.equal(5n);
     });
 
+    it("copies a snapshot's words unless told to adopt them", () => {
+      const copied = new PublicationHub({ identity: ID, limits: LIMITS, clock: new FakeClock() });
+      const given = snapshot(5n, 7n);
+      copied.publishSnapshot(given);
+      const words = copied.subscribe().takeSnapshot().buckets;
+      expect(words).to.not.equal(given.buckets);
+      expect([...words]).to.deep.equal([...given.buckets]);
+      const adopting = new PublicationHub({ identity: ID, limits: LIMITS, clock: new FakeClock() });
+      const handed = snapshot(5n, 7n);
+      adopting.publishSnapshot(handed, { adoptWords: true });
+      expect(adopting.subscribe().takeSnapshot().buckets).to.equal(handed.buckets);
+    });
+
     it("hands out the current snapshot once, then frames that continue from it", async () => {
       const { hub } = hubAt(5n);
       publish(hub, 5n);

@@ -115,13 +115,15 @@ export class PublicationHub {
    * replacement. Its identity and lease must be the hub's (IdentityChanged,
    * LeaseChanged) and its word count its format's (SnapshotBucketCount); on
    * any of these nothing changes. Subscribers of an earlier snapshot cannot
-   * continue from this one, so they are closed as "recovery".
+   * continue from this one, so they are closed as "recovery". With
+   * `adoptWords` the hub keeps `snapshot.buckets` as its lane instead of a
+   * copy: the caller must not read or write them after.
    */
-  publishSnapshot(snapshot: DcCkfSnapshot): void {
+  publishSnapshot(snapshot: DcCkfSnapshot, options: { readonly adoptWords?: boolean } = {}): void {
     this.assertLive();
     if (!sameProducerIdentity(snapshot.identity, this.identity)) throw new HubError("IdentityChanged", "the snapshot belongs to another producer generation");
     if (!sameLease(snapshot.lease, this.lease)) throw new HubError("LeaseChanged", "the snapshot was taken on another lease");
-    const mirror = new HubMirror(snapshot);
+    const mirror = new HubMirror(snapshot, options.adoptWords === true);
     this.closeAll("recovery");
     this.mirror = mirror;
     this.stateValue = "ready";

@@ -43,9 +43,12 @@ export class HubMirror {
 
   /**
    * Installs `snapshot`, copying its words so that the producer's array and
-   * the mirror never alias (the mirror writes its lane in place).
+   * the mirror never alias (the mirror writes its lane in place). With
+   * `adopt` the caller hands the words over instead (a barrier snapshot is
+   * already a copy no one else holds): no second copy of a lane that may be
+   * 128 MiB.
    */
-  constructor(snapshot: DcCkfSnapshot) {
+  constructor(snapshot: DcCkfSnapshot, adopt = false) {
     const expected = snapshot.identity.format.bucketCount;
     if (snapshot.buckets.length !== expected) {
       throw new HubError("SnapshotBucketCount", `the snapshot has ${snapshot.buckets.length} buckets, its format declares ${expected}`, {
@@ -55,7 +58,7 @@ export class HubMirror {
     this.identity = snapshot.identity;
     this.lease = snapshot.lease;
     this.sequenceValue = snapshot.sequence;
-    this.lane = { words: snapshot.buckets.slice(), pins: 0 };
+    this.lane = { words: adopt ? snapshot.buckets : snapshot.buckets.slice(), pins: 0 };
   }
 
   get sequence(): bigint {

@@ -203,7 +203,8 @@ export class RelayPool {
     const identity = this.producer;
     const hub = new PublicationHub({ identity, limits: this.ctx.hubLimits });
     this.state.setMaterialization(true);
-    hub.publishSnapshot(this.publisher.snapshotAfterBarrier(this.state, relayLease(identity)));
+    // A barrier snapshot's words are a fresh copy of the lane: the hub takes them as they are.
+    hub.publishSnapshot(this.publisher.snapshotAfterBarrier(this.state, relayLease(identity)), { adoptWords: true });
     this.hubValue = hub;
     this.hubIdleSince = undefined;
     this.ctx.onChange(this, "hub");
@@ -342,7 +343,7 @@ export class RelayPool {
         this.recoveryDue = false;
         const hub = this.hubValue;
         if (hub !== undefined) {
-          hub.publishSnapshot(this.publisher.snapshotAfterBarrier(this.state, hub.lease));
+          hub.publishSnapshot(this.publisher.snapshotAfterBarrier(this.state, hub.lease), { adoptWords: true });
           this.recoveries += 1;
         }
       }
