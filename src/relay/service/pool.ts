@@ -5,7 +5,11 @@
  *
  * Events are applied as they arrive; a batch is published when the
  * publication threshold is reached, or when the coalescing delay passes with
- * events pending. The hub starts lazily, with a barrier snapshot, on the
+ * events pending. A threshold reached publishes at the end of the current
+ * event-loop turn, not at once: events that arrive together (a message of
+ * thousands, a burst of NATS messages) become one delta instead of hundreds
+ * in a row that no subscriber's queue could take before its stream gets a
+ * turn to send them. The hub starts lazily, with a barrier snapshot, on the
  * first subscriber, and is retired after a while without subscribers; while
  * there is no hub the state does not materialize batches at all.
  *
@@ -98,7 +102,11 @@ export class RelayPool {
   private hubValue: PublicationHub | undefined;
   private hubIdleSince: number | undefined;
   private flushTimer: ReturnType<typeof setTimeout> | undefined;
+  private flushSoon: ReturnType<typeof setImmediate> | undefined;
   private readonly delayMs: number;
+  private readonly threshold: number;
+  /** Events applied since the last publication. */
+  private pending = 0;
   /** Last event time per worker, for readiness. */
   private readonly workerSeen = new Map<bigint, number>();
   private applied = 0;
@@ -114,9 +122,10 @@ export class RelayPool {
     this.name = config.name;
     this.config = config;
     this.ctx = ctx;
-    const threshold = config.publicationThreshold ?? ctx.publicationThreshold;
+    this.threshold = config.publicationThreshold ?? ctx.publicationThreshold;
     this.delayMs = config.publicationDelayMs ?? ctx.publicationDelayMs;
-    this.state = new DcCkfState({ expectedBlocksPerDc: config.expectedBlocks, seed: config.seed, publishEveryNEvents: threshold }, { materialize: false });
+    // The pool decides when to publish (threshold, delay, turn), so the state never drains on its own.
+    this.state = new DcCkfState({ expectedBlocksPerDc: config.expectedBlocks, seed: config.seed, publishEveryNEvents: Number.MAX_SAFE_INTEGER }, { materialize: false });
     const dcId = config.dcId ?? ctx.dcId;
     const semantics = createKvQuerySemantics(config.blockSize, config.hashFormat);
     const { namespace, component, endpoint } = config.endpoint;
@@ -176,18 +185,28 @@ export class RelayPool {
     if (typeof event?.workerId === "bigint") this.workerSeen.set(event.workerId, this.ctx.now());
     if (outcome.firstError !== undefined) this.rejected += 1;
     else this.applied += 1;
-    if (outcome.publication !== undefined) this.publish(outcome.publication.images);
-    // Whatever stayed below the threshold goes out after the coalescing delay.
-    this.flushTimer ??= setTimeout(() => {
-      this.flushTimer = undefined;
-      this.flush();
-    }, this.delayMs);
+    this.pending += 1;
+    if (this.pending >= this.threshold) {
+      this.flushSoon ??= setImmediate(() => {
+        this.flushSoon = undefined;
+        this.flush();
+      });
+    } else {
+      // Whatever stays below the threshold goes out after the coalescing delay.
+      this.flushTimer ??= setTimeout(() => {
+        this.flushTimer = undefined;
+        this.flush();
+      }, this.delayMs);
+    }
     return outcome.firstError;
   }
 
   /** Publishes whatever is pending now. */
   flush(): void {
     if (this.closed) return;
+    this.pending = 0;
+    if (this.flushTimer !== undefined) clearTimeout(this.flushTimer);
+    this.flushTimer = undefined;
     const batch = this.state.flush();
     if (batch !== undefined) this.publish(batch.images);
   }
@@ -304,6 +323,8 @@ export class RelayPool {
     this.closed = true;
     if (this.flushTimer !== undefined) clearTimeout(this.flushTimer);
     this.flushTimer = undefined;
+    if (this.flushSoon !== undefined) clearImmediate(this.flushSoon);
+    this.flushSoon = undefined;
     this.hubValue?.retire();
     this.hubValue = undefined;
   }

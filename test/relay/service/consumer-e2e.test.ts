@@ -53,10 +53,16 @@ async function mirrored(consumer: RelayConsumer, server: RelayServer, timeoutMs 
   );
 }
 
-/** A TCP proxy that, while `chaos` is on, delays chunks and cuts connections at random. */
+/**
+ * A TCP proxy that, while `chaos` is on, delays chunks and cuts connections
+ * at random; `hold()` stops passing the server's bytes to the client until
+ * `release()` (a client that stops reading, seen from the server).
+ */
 class ChaosProxy {
   chaos = true;
   cuts = 0;
+  private readonly upstreams = new Set<net.Socket>();
+  private holding = false;
   private readonly server: net.Server;
   private readonly sockets = new Set<net.Socket>();
   constructor(
@@ -71,6 +77,9 @@ class ChaosProxy {
   }
   private accept(client: net.Socket): void {
     const upstream = net.connect(this.target, "127.0.0.1");
+    this.upstreams.add(upstream);
+    upstream.on("close", () => this.upstreams.delete(upstream));
+    if (this.holding) upstream.pause();
     for (const s of [client, upstream]) {
       this.sockets.add(s);
       s.on("close", () => this.sockets.delete(s));
@@ -102,6 +111,14 @@ class ChaosProxy {
       );
     }
   }
+  hold(): void {
+    this.holding = true;
+    for (const upstream of this.upstreams) upstream.pause();
+  }
+  release(): void {
+    this.holding = false;
+    for (const upstream of this.upstreams) upstream.resume();
+  }
   async close(): Promise<void> {
     for (const s of this.sockets) s.destroy();
     await new Promise((resolve) => this.server.close(resolve));
@@ -121,21 +138,28 @@ describe("relay consumer against the real relay", function () {
   };
 
   it("a lagged subscription ends SUBSCRIBER_LAGGED and the consumer recovers to an exact mirror", async () => {
-    const server = await startRelay({ pools: [{ name: "default", expectedBlocks: 8192 }], publicationThreshold: 1, publicationQueueCapacity: 1 });
+    const server = await startRelay({ pools: [{ name: "default", expectedBlocks: 8192 }], publicationThreshold: 1, publicationQueueCapacity: 2 });
+    const proxy = new ChaosProxy(Number(server.addr.split(":")[1]), () => 0.5);
+    proxy.chaos = false;
     try {
-      const consumer = consumerOf(server.addr, "lagger");
+      const consumer = consumerOf(await proxy.listen(), "lagger");
       const invalidated: string[] = [];
       consumer.on((event) => {
         if (event.type === "invalidated") invalidated.push(String((event.error as { reason?: string }).reason));
       });
       run(consumer);
       await mirrored(consumer, server);
-      // One message of 300 events: 300 deltas queued at once against a queue of one frame.
-      await publish(server, Array.from({ length: 300 }, (_, i) => chain(BigInt(1 + (i % 7)), BigInt(i) * 100n, 8)));
+      // The consumer stops reading: once HTTP/2's window is full the relay cannot send, and the deltas
+      // (one per message, each in its own turn) fill the subscriber's queue of two.
+      proxy.hold();
+      const pool = server.relay.pool("default")!;
+      for (let i = 0; i < 400 && (pool.hub?.stats().ended.lagged ?? 0) === 0; i++) await publish(server, [chain(BigInt(1 + (i % 7)), BigInt(i) * 100n, 64)]);
+      expect(pool.hub!.stats().ended.lagged).to.equal(1);
+      proxy.release();
       await mirrored(consumer, server);
-      expect(server.relay.pool("default")!.hub!.stats().ended.lagged).to.be.greaterThan(0);
       expect(invalidated).to.include("SUBSCRIBER_LAGGED");
     } finally {
+      await proxy.close();
       await server.close();
     }
   });

@@ -258,6 +258,20 @@ describe("relay service (KvEventRelay over the network)", function () {
       expect(server.relay.pool("other")!.occupancy()).to.deep.equal({ uniqueBlocks: 1, ranks: 1 });
     });
 
+    it("events that arrive together are one delta; later ones below the threshold go out after the delay", async () => {
+      const pool = server.relay.pool("default")!;
+      pool.openHub();
+      const before = pool.sequence;
+      // 100 events, over six thresholds of 16: applied in one turn, published as one delta.
+      const burst = await publish(server, "default", Array.from({ length: 100 }, (_, i) => chain(BigInt(i % 5), 50_000n + BigInt(i) * 10n, 3)));
+      expect(burst.deltasPublished).to.equal(1n);
+      expect(pool.sequence).to.equal(before + 1n);
+      // Three events: below the threshold; the stream's end publishes them.
+      const tail = await publish(server, "default", [chain(9n, 90_000n, 2), chain(9n, 90_100n, 2), chain(9n, 90_200n, 2)]);
+      expect(tail.deltasPublished).to.equal(1n);
+      expect(pool.sequence).to.equal(before + 2n);
+    });
+
     it("an unknown pool is NOT_FOUND and a stream that changes pool is INVALID_ARGUMENT", async () => {
       const client = createClient(KvEventService, server.connectTransport);
       const nope = await connectErrorOf(publish(server, "nope", []));
