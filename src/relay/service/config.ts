@@ -32,6 +32,9 @@ const timerMs = z.number().int().min(1).max(MAX_TIMER_VALUE_MS);
 /** Stream limits. */
 const streamLimit = z.number().int().min(1).max(1_000_000).default(64);
 
+/** The most expected blocks whose bucket count is within the relay's 2^24: floor((5n + 15) / 16) <= 2^24. */
+export const MAX_EXPECTED_BLOCKS = Math.floor((16 * MAX_RELAY_BUCKET_COUNT) / 5);
+
 /** The smallest max_message_bytes: one largest CBI1 frame plus 64 KiB of envelope. */
 export const MIN_MAX_MESSAGE_BYTES = MAX_FRAME_BYTES + 65_536;
 
@@ -58,8 +61,11 @@ export const relayPoolConfigSchema = z.strictObject({
   name: poolName,
   /** The pool's datacenter; default the relay's dcId. */
   dcId: u64Schema.optional(),
-  /** Sizes the filter (bucket count = next power of two of ceil(5n/16), at most 2^24 buckets). */
-  expectedBlocks: z.number().int().min(1).max(MAX_RELAY_BUCKET_COUNT * 3).default(DEFAULT_EXPECTED_UNIQUE_BLOCKS),
+  /**
+   * Sizes the filter: bucket count = the next power of two of ceil(5n/16); the
+   * relay's 2^24 buckets (a 128 MiB lane, 32 snapshot chunks) take up to 53,687,091.
+   */
+  expectedBlocks: z.number().int().min(1).max(MAX_EXPECTED_BLOCKS).default(DEFAULT_EXPECTED_UNIQUE_BLOCKS),
   /** The filter's addressing seed. */
   seed: u64Schema.default(DEFAULT_CKF_CONFIG.seed),
   /** Tokens per KV block, as the workers hash them. */

@@ -70,40 +70,80 @@ class StreamAdmission {
 type Wake = { readonly kind: "read"; readonly read: SubscriberRead } | { readonly kind: "tick" } | { readonly kind: "stop" };
 
 /**
- * One subscriber read, waited on across heartbeat ticks: it settles once,
- * and whoever waits for it now is told. (A `then` per tick on the read's
- * promise would pile up one closure per heartbeat on an idle stream.)
+ * The waits of one pool stream after its snapshot: the subscriber's next
+ * read, the heartbeat due after an interval without updates, the stop. One
+ * timer per stream, refreshed after every update sent, and one abort
+ * listener; a wait costs a promise, not a timer and listeners per frame.
  */
-class PendingRead {
-  private result: SubscriberRead | undefined;
-  private waiter: ((read: SubscriberRead) => void) | undefined;
-  constructor(read: Promise<SubscriberRead>) {
-    read.then(
-      (r) => this.settle(r),
-      () => this.settle({ kind: "ended", reason: "failed" }),
+class PoolStreamWaits {
+  private read: SubscriberRead | undefined;
+  private reads = 0;
+  private due = false;
+  private stopped = false;
+  private waiter: ((wake: Wake) => void) | undefined;
+  private readonly timer: ReturnType<typeof setTimeout>;
+  private readonly onAbort = (): void => {
+    this.stopped = true;
+    this.wake({ kind: "stop" });
+  };
+
+  constructor(
+    intervalMs: number,
+    private readonly signal: AbortSignal,
+  ) {
+    this.timer = setTimeout(() => {
+      this.due = true;
+      this.wake({ kind: "tick" });
+    }, intervalMs);
+    if (signal.aborted) this.stopped = true;
+    else signal.addEventListener("abort", this.onAbort, { once: true });
+  }
+
+  /** From now on, waits are for `next` (the subscriber's next read). */
+  expect(next: Promise<SubscriberRead>): void {
+    this.read = undefined;
+    const id = ++this.reads;
+    next.then(
+      (read) => this.settle(id, read),
+      () => this.settle(id, { kind: "ended", reason: "failed" }),
     );
   }
-  private settle(read: SubscriberRead): void {
-    this.result = read;
-    this.waiter?.(read);
+
+  /** The first of: the stop, the read, a due heartbeat (a read before a heartbeat). */
+  wait(): Wake | Promise<Wake> {
+    if (this.stopped) return { kind: "stop" };
+    if (this.read !== undefined) return { kind: "read", read: this.read };
+    if (this.due) return { kind: "tick" };
+    return new Promise<Wake>((resolve) => (this.waiter = resolve));
   }
-  /** The first of: the read, `ms` passing, or `signal`. Clears its timer and listener. */
-  wake(ms: number, signal: AbortSignal): Promise<Wake> {
-    if (this.result !== undefined) return Promise.resolve({ kind: "read", read: this.result });
-    if (signal.aborted) return Promise.resolve({ kind: "stop" });
-    return new Promise<Wake>((resolve) => {
-      const done = (wake: Wake): void => {
-        clearTimeout(timer);
-        signal.removeEventListener("abort", onAbort);
-        this.waiter = undefined;
-        resolve(wake);
-      };
-      const onAbort = (): void => done({ kind: "stop" });
-      const timer = setTimeout(() => done({ kind: "tick" }), ms);
-      signal.addEventListener("abort", onAbort, { once: true });
-      this.waiter = (read) => done({ kind: "read", read });
-    });
+
+  /** An update went out: the next heartbeat is a whole interval away (missed ticks are delayed, never bursted). */
+  sent(): void {
+    this.due = false;
+    this.timer.refresh();
   }
+
+  dispose(): void {
+    clearTimeout(this.timer);
+    this.signal.removeEventListener("abort", this.onAbort);
+  }
+
+  private settle(id: number, read: SubscriberRead): void {
+    if (id !== this.reads) return;
+    this.read = read;
+    this.wake({ kind: "read", read });
+  }
+
+  private wake(wake: Wake): void {
+    const waiter = this.waiter;
+    this.waiter = undefined;
+    waiter?.(wake);
+  }
+}
+
+/** Now, in unix microseconds (sub-millisecond, from the monotonic clock's origin). */
+function unixMicros(): bigint {
+  return BigInt(Math.round((performance.timeOrigin + performance.now()) * 1000));
 }
 
 export interface RelayServiceOptions {
@@ -176,7 +216,7 @@ export function relayService(options: RelayServiceOptions): Partial<ServiceImpl<
       producer,
       baseSequence: frame?.baseSequence ?? sequence,
       sequence: frame?.sequence ?? sequence,
-      sendTsUs: BigInt(Date.now()) * 1000n,
+      sendTsUs: unixMicros(),
       kind,
       contractMarker: RELAY_CONTRACT_MARKER,
     };
@@ -218,28 +258,41 @@ export function relayService(options: RelayServiceOptions): Partial<ServiceImpl<
     }
     subscriber.releaseSnapshot();
     let current = snapshot.sequence;
-    let pending = new PendingRead(subscriber.next());
-    for (;;) {
-      const wake = await pending.wake(config.poolHeartbeatIntervalMs, stop);
-      if (wake.kind === "stop") return;
-      if (wake.kind === "tick") {
-        metrics.poolHeartbeats.inc();
-        yield update(wireProducer, FilterUpdateKind.HEARTBEAT, undefined, current);
-        continue;
+    // Frames carry the hub's identity object: compared field by field once, then by reference.
+    let checked: ProducerIdentity | undefined;
+    const waits = new PoolStreamWaits(config.poolHeartbeatIntervalMs, stop);
+    try {
+      waits.expect(subscriber.next());
+      for (;;) {
+        const wake = await waits.wait();
+        if (wake.kind === "stop") return;
+        if (wake.kind === "tick") {
+          metrics.poolHeartbeats.inc();
+          yield update(wireProducer, FilterUpdateKind.HEARTBEAT, undefined, current);
+          waits.sent();
+          continue;
+        }
+        const read = wake.read;
+        if (read.kind === "ended") {
+          const error = endError(read.reason, pool, expected, "stream");
+          if (error === undefined) return;
+          throw error;
+        }
+        const frame = read.frame;
+        if (frame.identity !== checked) {
+          if (!sameProducerIdentity(frame.identity, expected)) throw new RelayError("INVALID_PUBLICATION", "a delta of another producer generation reached the stream");
+          checked = frame.identity;
+        }
+        if (frame.kind !== "delta" || frame.baseSequence !== current || frame.sequence !== current + 1n) {
+          throw new RelayError("INVALID_PUBLICATION", `the publication is not contiguous: at ${current}, got ${frame.kind} ${frame.baseSequence} -> ${frame.sequence}`);
+        }
+        current = frame.sequence;
+        waits.expect(subscriber.next());
+        yield update(wireProducer, FilterUpdateKind.DELTA, frame, current);
+        waits.sent();
       }
-      const read = wake.read;
-      if (read.kind === "ended") {
-        const error = endError(read.reason, pool, expected, "stream");
-        if (error === undefined) return;
-        throw error;
-      }
-      const frame = read.frame;
-      if (frame.kind !== "delta" || !sameProducerIdentity(frame.identity, expected) || frame.baseSequence !== current || frame.sequence !== current + 1n) {
-        throw new RelayError("INVALID_PUBLICATION", `the publication is not contiguous: at ${current}, got ${frame.kind} ${frame.baseSequence} -> ${frame.sequence}`);
-      }
-      current = frame.sequence;
-      pending = new PendingRead(subscriber.next());
-      yield update(wireProducer, FilterUpdateKind.DELTA, frame, current);
+    } finally {
+      waits.dispose();
     }
   }
 

@@ -3,7 +3,7 @@ import { Code, createClient } from "@connectrpc/connect";
 import { expect } from "chai";
 import { FilterUpdateKind, KvEventRelay, ServingReadinessState } from "../../../gen/dynamo/kvrelay/v1/relay_pb.js";
 import { KvEventService, PublishRequestSchema, type RouterEvent as WireRouterEvent } from "../../../gen/mmgate/kvevents/v1/kvevents_pb.js";
-import { producerToWire, RELAY_CONTRACT_MARKER, relayModule, relayReasonOf } from "../../../src/relay/index.js";
+import { producerToWire, RELAY_CONTRACT_MARKER, relayModule, relayPoolConfigSchema, relayReasonOf } from "../../../src/relay/index.js";
 import { loadConfig } from "../../../src/server/index.js";
 import { connectErrorOf } from "../../support/index.js";
 import { chain, printedConfig, startRelay, type RelayServer } from "./support.js";
@@ -138,5 +138,8 @@ describe("relay readiness, load, progress timeout, metrics and config", function
     // Below the spec's floors: a queue that cannot hold one largest frame, a zero timer.
     expect(() => loadConfig({ env: { DYN_RELAY_PUBLICATION_QUEUE_BYTES: "4194623", MMGATE_MODULES: "relay" } }, [relayModule])).to.throw(/publicationQueueBytes/);
     expect(() => loadConfig({ env: { DYN_RELAY_LOAD_WINDOW_MS: "0", MMGATE_MODULES: "relay" } }, [relayModule])).to.throw(/loadWindowMs/);
+    // The largest pool: 53,687,091 expected blocks are 2^24 buckets; one more would need 2^25.
+    expect(relayPoolConfigSchema.parse({ name: "big", expectedBlocks: 53_687_091 }).expectedBlocks).to.equal(53_687_091);
+    expect(relayPoolConfigSchema.safeParse({ name: "big", expectedBlocks: 53_687_092 }).success).to.equal(false);
   });
 });
