@@ -89,6 +89,14 @@ export const relayPoolConfigSchema = z.strictObject({
   publicationThreshold: z.number().int().min(1).max(1_000_000).optional(),
   /** Longest wait (ms) before pending events are published; default the relay's. */
   publicationDelayMs: timerMs.optional(),
+  /**
+   * A reached threshold publishes at the end of the event-loop turn, so that
+   * events arriving together are one delta (default). Off: at once, one delta
+   * per threshold even within a burst, as a benchmark that matches deliveries
+   * to events needs; a burst larger than threshold x queue capacity then lags
+   * every subscriber.
+   */
+  coalesceWithinTurn: z.boolean().default(true),
   /** Load reporting: the workers' KV capacity in blocks (0: unknown) and their rank count (0: what has been seen). */
   totalKvBlocks: u64Schema.default(0n),
   expectedRanks: z.number().int().min(0).max(0xffff_ffff).default(0),

@@ -186,7 +186,9 @@ export class RelayPool {
     if (outcome.firstError !== undefined) this.rejected += 1;
     else this.applied += 1;
     this.pending += 1;
-    if (this.pending >= this.threshold) {
+    if (this.pending >= this.threshold && !this.config.coalesceWithinTurn) {
+      this.flush();
+    } else if (this.pending >= this.threshold) {
       this.flushSoon ??= setImmediate(() => {
         this.flushSoon = undefined;
         this.flush();
