@@ -226,7 +226,7 @@ describe("relay service (KvEventRelay over the network)", function () {
       });
       await eventually(() => expect(got).to.have.length(1));
       // Each event is its own delta; the paused stream stops taking frames once HTTP/2's windows fill.
-      for (let i = 0; i < 200; i++) await publish(server, "default", [chain(BigInt(i + 1), BigInt(i) * 1000n, 64)]);
+      for (let i = 0; i < 400 && (pool.hub?.stats().ended.lagged ?? 0) === 0; i++) await publish(server, "default", [chain(BigInt(i + 1), BigInt(i) * 1000n, 64)]);
       await eventually(() => expect(pool.hub?.stats().ended.lagged).to.equal(1));
       call.resume();
       const err = await ended;

@@ -79,7 +79,7 @@ describe("relay readiness, load, progress timeout, metrics and config", function
         for await (const update of client.subscribeKvPool({ subscriberId: "s", expectedProducer: expected, contractMarker: MARKER })) {
           expect(update.kind).to.equal(FilterUpdateKind.SNAPSHOT_CHUNK);
           chunks += 1;
-          if (chunks === 1) await new Promise((resolve) => setTimeout(resolve, 1_500));
+          if (chunks === 1) await new Promise((resolve) => setTimeout(resolve, 600));
         }
       });
       expect([err.code, relayReasonOf(err)]).to.deep.equal([Code.ResourceExhausted, "SNAPSHOT_PROGRESS_TIMEOUT"]);
