@@ -10,7 +10,7 @@
 import { createReadStream } from "node:fs";
 import { createInterface } from "node:readline";
 import { create } from "@bufbuild/protobuf";
-import { ConnectError, createClient } from "@connectrpc/connect";
+import { createClient } from "@connectrpc/connect";
 import { Command, InvalidArgumentError } from "commander";
 import { KvEventService, PublishRequestSchema, RouterEventSchema, type PublishRequest, type RouterEvent as WireRouterEvent } from "../../gen/mmgate/kvevents/v1/kvevents_pb.js";
 import { routerEventFromJson, RouterEventJsonError, type RouterEvent } from "../kv/index.js";
@@ -66,15 +66,23 @@ export function kvPublishCommand(io: PublishCliIo = { out: process.stdout, err: 
     .addOption(tokenOption())
     .action(async (file: string, o: Options) => {
       const input: NodeJS.ReadableStream = file === "-" ? (io.stdin ?? process.stdin) : createReadStream(file);
+      const lines = createInterface({ input, crlfDelay: Infinity });
       let inputError: Error | undefined;
-      input.on("error", (err: Error) => (inputError = err));
+      // readline re-emits its input's errors on the interface (unhandled, they would end the process);
+      // closing it ends an iteration in progress.
+      lines.on("error", (err: Error) => {
+        inputError = err;
+        lines.close();
+      });
       let sent = 0;
       let badLine: RouterEventJsonError | undefined;
       async function* requests(): AsyncGenerator<PublishRequest> {
         let events: WireRouterEvent[] = [];
         let first = true;
         let line = 0;
-        for await (const text of createInterface({ input, crlfDelay: Infinity })) {
+        // An interface closed before its iteration starts would never end it.
+        if (inputError !== undefined) throw inputError;
+        for await (const text of lines) {
           line += 1;
           if (text.trim() === "") continue;
           try {
@@ -91,7 +99,8 @@ export function kvPublishCommand(io: PublishCliIo = { out: process.stdout, err: 
             events = [];
           }
         }
-        if (badLine !== undefined) return;
+        if (inputError !== undefined) throw inputError;
+        // Whatever was read before a bad line still goes (and the pool is named even when that is nothing).
         if (events.length > 0 || first) {
           yield create(PublishRequestSchema, { pool: o.pool, events });
           sent += events.length;
@@ -122,8 +131,10 @@ export function kvPublishCommand(io: PublishCliIo = { out: process.stdout, err: 
         if (summary.rejected > 0n) process.exitCode = 2;
       } catch (err) {
         if (!(err instanceof Error)) throw err;
-        io.err.write(`mmgate kv publish: ${err instanceof ConnectError ? err.message : `cannot read ${file}: ${err.message}`}\n`);
+        io.err.write(`mmgate kv publish: ${inputError !== undefined ? `cannot read ${file}: ${inputError.message}` : err.message}\n`);
         process.exitCode = 1;
+      } finally {
+        lines.close();
       }
     });
 }
