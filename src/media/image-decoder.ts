@@ -2,6 +2,7 @@ import { availableParallelism } from "node:os";
 import sharp from "sharp";
 import type { Metadata, OutputInfo } from "sharp";
 import { MediaError } from "./errors.js";
+import { decodeBmpPixels, readBmpHeader } from "./bmp.js";
 import { DECODABLE_FORMATS, guessImageFormat } from "./image-format.js";
 import type { ColorType, DecodedMedia, ImageFormat } from "./tensor.js";
 import { canonicalContentHash } from "./hash.js";
@@ -103,10 +104,12 @@ function rgbaToLa(rgba: Uint8Array): Uint8Array {
 
 /**
  * Decodes an encoded image to a uint8 [H, W, C] tensor, keeping the source
- * channel count (1, 2, 3 or 4) unless forceRgb is set. Limits are checked on
- * the header before any pixel is decoded; sharp's limitInputPixels is a
- * second fence. The canonical content hash is computed here, as the
- * reference computes it on its decode thread.
+ * channel count (1, 2, 3 or 4) unless forceRgb is set. Pixels are the stored
+ * ones: embedded ICC profiles are ignored, as the reference ignores them.
+ * Limits are checked on the header before any pixel is decoded; sharp's
+ * limitInputPixels is a second fence (BMP: its decoder checks that the pixel
+ * data is in the file before allocating). The canonical content hash is
+ * computed here, as the reference computes it on its decode thread.
  */
 export async function decodeImage(
   bytes: Uint8Array,
@@ -119,7 +122,9 @@ export async function decodeImage(
     throw new MediaError("IMAGE_FORMAT_UNSUPPORTED", `Unsupported image format: ${format}`);
   }
   const applyOrientation = options.applyExifOrientation === true;
-  const header = await readHeader(bytes, applyOrientation);
+  // BMP has its own decoder (and no EXIF); everything else goes to sharp.
+  const bmp = format === "Bmp" ? readBmpHeader(bytes) : null;
+  const header = bmp ?? (await readHeader(bytes, applyOrientation));
   options.signal?.throwIfAborted();
 
   const colorType = COLOR_TYPES[options.forceRgb ? 3 : header.channels];
@@ -129,7 +134,9 @@ export async function decodeImage(
   const channels = options.forceRgb ? 3 : header.channels;
   checkImageLimits(header.width, header.height, channels, limits);
 
-  const pixels = await decodePixels(bytes, format, channels, limits, applyOrientation);
+  const pixels = bmp
+    ? { data: await decodeBmpPixels(bytes, bmp, channels === 4 ? 4 : 3, options.signal), width: bmp.width, height: bmp.height }
+    : await decodePixels(bytes, format, channels, limits, applyOrientation);
   if (pixels.width !== header.width || pixels.height !== header.height) {
     throw new MediaError("IMAGE_DECODE_FAILED", "Failed to decode image: decoded size differs from its header");
   }
@@ -156,7 +163,18 @@ async function decodePixels(
 ): Promise<Pixels> {
   // Second fence: libvips refuses more input pixels than the budget allows.
   const maxPixels = Math.max(1, Math.floor(limits.maxAlloc / Math.max(1, channels)));
-  let pipeline = sharp(bytes, { limitInputPixels: maxPixels, autoOrient: applyOrientation, pages: 1, page: 0 });
+  // ignoreIcc: the stored pixels, whatever profile is embedded. By default
+  // sharp transforms through the embedded profile to sRGB (or grey through a
+  // grey profile to sRGB and back), while the reference's decoder returns
+  // the stored values; raw output never carries the profile itself. CMYK
+  // still becomes RGB, through libvips' built-in CMYK profile.
+  let pipeline = sharp(bytes, {
+    limitInputPixels: maxPixels,
+    autoOrient: applyOrientation,
+    pages: 1,
+    page: 0,
+    ignoreIcc: true,
+  });
   // sharp writes sRGB by default (grey is replicated into R, G, B), so only
   // grey output needs an explicit colourspace; an explicit sRGB conversion
   // would cost a pass for nothing.

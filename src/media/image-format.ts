@@ -24,5 +24,8 @@ export function guessImageFormat(bytes: Uint8Array): ImageFormat | null {
   return null;
 }
 
-/** Formats this build decodes (sharp's prebuilt libvips has no BMP loader). */
-export const DECODABLE_FORMATS: ReadonlySet<ImageFormat> = new Set(["Png", "Jpeg", "Gif", "WebP", "Tiff", "Avif"]);
+/**
+ * Formats this build decodes: BMP with mmgate's own decoder (sharp's
+ * prebuilt libvips has no BMP loader), the others with sharp.
+ */
+export const DECODABLE_FORMATS: ReadonlySet<ImageFormat> = new Set(["Png", "Jpeg", "Gif", "WebP", "Tiff", "Avif", "Bmp"]);

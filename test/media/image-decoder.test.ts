@@ -156,8 +156,10 @@ describe("image decoder", () => {
     expect(garbage.code).to.equal("IMAGE_FORMAT_UNSUPPORTED");
     const empty = await rejects(decodeImage(new Uint8Array(0), DEFAULT_LIMITS));
     expect(empty.code).to.equal("IMAGE_FORMAT_UNSUPPORTED");
+    // BMP is decoded (test/media/bmp.test.ts); a truncated header is a decode error.
     const bmp = await rejects(decodeImage(Buffer.from("BM\0\0\0\0\0\0\0\0"), DEFAULT_LIMITS));
-    expect(bmp.message).to.equal("Unsupported image format: Bmp");
+    expect(bmp.code).to.equal("IMAGE_DECODE_FAILED");
+    expect(bmp.message).to.equal("Failed to decode image: BMP header is truncated");
     const svg = await rejects(decodeImage(Buffer.from('<svg xmlns="http://www.w3.org/2000/svg" width="10" height="10"/>'), DEFAULT_LIMITS));
     expect(svg.code).to.equal("IMAGE_FORMAT_UNSUPPORTED");
   });
