@@ -1,8 +1,9 @@
 // Installs the Debian packages the tests use when they are missing: openssl
 // (throwaway TLS certificates), etcd-server (a real etcd for the discovery
-// tests) and nats-server (a real NATS server for the relay's NATS source;
-// Debian puts it in /usr/sbin). `npm test` runs it first, so a fresh machine
-// needs nothing by hand.
+// tests), nats-server (a real NATS server for the relay's NATS source;
+// Debian puts it in /usr/sbin) and ffmpeg (ffprobe and ffmpeg, which the
+// media module's video decoder runs). `npm test` runs it first, so a fresh
+// machine needs nothing by hand.
 // Without apt-get or root it says what is missing and leaves the tests to
 // skip (or, with CI set, to fail).
 import { execFileSync, spawnSync } from "node:child_process";
@@ -12,6 +13,8 @@ const tools = [
   { command: "openssl", pkg: "openssl" },
   { command: "etcd", pkg: "etcd-server" },
   { command: "nats-server", pkg: "nats-server" },
+  { command: "ffmpeg", pkg: "ffmpeg" },
+  { command: "ffprobe", pkg: "ffmpeg" },
 ];
 
 // /usr/sbin is not on every user's PATH, and Debian's nats-server lives there.
@@ -19,7 +22,7 @@ const has = (command) =>
   spawnSync("sh", ["-c", `command -v ${command}`], { stdio: "ignore" }).status === 0 || existsSync(`/usr/sbin/${command}`);
 const missing = tools.filter((t) => !has(t.command));
 if (missing.length > 0) {
-  const packages = missing.map((t) => t.pkg);
+  const packages = [...new Set(missing.map((t) => t.pkg))];
   const root = typeof process.getuid === "function" && process.getuid() === 0;
   if (root && has("apt-get")) {
     process.stdout.write(`installing ${packages.join(", ")} (apt-get)\n`);

@@ -58,7 +58,7 @@ export const subcommands: readonly LazySubcommand[] = [
   },
   {
     name: "media",
-    description: "decode images to tensors and compute canonical content hashes",
+    description: "decode images and videos to tensors and compute canonical content hashes",
     term: "media",
     // src/media/index.ts does not export the media command, so it comes from its own file.
     load: async () => (await import("../media/index.js")).mediaCommand(),

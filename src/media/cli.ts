@@ -3,7 +3,7 @@ import { Command, InvalidArgumentError, Option } from "commander";
 import { ConnectError, createClient } from "@connectrpc/connect";
 import { MediaService, type TensorInfo } from "../../gen/mmgate/media/v1/media_pb.js";
 import { addrOption, caOption, clientTransport, tlsOption, type ConnectionOptions } from "../rpc/index.js";
-import { decoderLimits, fetchPolicy, mediaConfigSchema } from "./config.js";
+import { decoderLimits, fetchPolicy, mediaConfigSchema, videoDecoderConfig } from "./config.js";
 import { metadataJson } from "./descriptor.js";
 import { MediaError } from "./errors.js";
 import { fetchMedia } from "./fetcher.js";
@@ -11,6 +11,7 @@ import { canonicalContentHash, formatContentHashKey, videoContentHash } from "./
 import { decodeImage } from "./image-decoder.js";
 import type { DecodedMediaMetadata, MediaTensorInfo, VideoMetadata } from "./tensor.js";
 import { validateVideoMetadata, videoDimensionsFromParts } from "./video.js";
+import { decodeVideo, isVideoPayload, validateVideoSampling, type VideoSampling } from "./video-decoder.js";
 
 /** The facts both subcommands print. */
 interface Facts {
@@ -89,12 +90,24 @@ interface DecodeOpts extends ConnectionOptions {
   forceRgb?: boolean;
   exif?: boolean;
   store?: boolean;
+  fps?: number;
+  numFrames?: number;
+  maxFrames?: number;
+  strict?: boolean;
+}
+
+function sampling(opts: DecodeOpts): VideoSampling {
+  const s: VideoSampling = { fps: opts.fps, numFrames: opts.numFrames, maxFrames: opts.maxFrames, strict: opts.strict === true };
+  validateVideoSampling(s);
+  return s;
 }
 
 async function decodeLocally(source: string, opts: DecodeOpts): Promise<Facts> {
   const config = mediaConfigSchema.parse({});
   const bytes = isUrl(source) ? await fetchMedia(source, fetchPolicy(config)) : new Uint8Array(await readFile(source));
-  const d = await decodeImage(bytes, decoderLimits(config), { forceRgb: opts.forceRgb === true, applyExifOrientation: opts.exif === true });
+  const d = isVideoPayload(bytes)
+    ? await decodeVideo(bytes, videoDecoderConfig(config), sampling(opts))
+    : await decodeImage(bytes, decoderLimits(config), { forceRgb: opts.forceRgb === true, applyExifOrientation: opts.exif === true });
   return {
     shape: d.tensorInfo.shape.map((n) => BigInt(n)),
     dtype: d.tensorInfo.dtype,
@@ -109,6 +122,11 @@ async function decodeRemotely(source: string, opts: DecodeOpts): Promise<Facts> 
   const res = await client.decode({
     source: isUrl(source) ? { case: "url", value: source } : { case: "data", value: new Uint8Array(await readFile(source)) },
     options: { forceRgb: opts.forceRgb === true, applyExifOrientation: opts.exif === true, skipStore: opts.store !== true },
+    video: {
+      ...sampling(opts),
+      numFrames: opts.numFrames === undefined ? undefined : BigInt(opts.numFrames),
+      maxFrames: opts.maxFrames === undefined ? undefined : BigInt(opts.maxFrames),
+    },
   });
   return {
     shape: res.tensorInfo?.shape ?? [],
@@ -119,6 +137,17 @@ async function decodeRemotely(source: string, opts: DecodeOpts): Promise<Facts> 
     handle: res.handle,
     descriptorJson: res.descriptorJson,
   };
+}
+
+function parseRate(value: string): number {
+  const rate = Number(value);
+  if (!(value.trim() !== "" && Number.isFinite(rate) && rate > 0)) throw new InvalidArgumentError("expected a positive number");
+  return rate;
+}
+
+function parseCount(value: string): number {
+  if (!/^\d+$/.test(value.trim()) || !Number.isSafeInteger(Number(value))) throw new InvalidArgumentError("expected a whole number");
+  return Number(value);
 }
 
 function parseShape(value: string): number[] {
@@ -186,12 +215,12 @@ async function hashFacts(opts: HashOpts): Promise<Facts> {
 
 /** `mmgate media decode|hash`. */
 export function mediaCommand(): Command {
-  const media = new Command("media").description("decode images to tensors and compute canonical content hashes");
+  const media = new Command("media").description("decode images and videos to tensors and compute canonical content hashes");
 
   media
     .command("decode")
-    .description("decode an image file or URL; by default on the server at --addr, or in this process with --local")
-    .argument("<file|url>", "image file, or an http(s) or data URL")
+    .description("decode an image or video file or URL; by default on the server at --addr, or in this process with --local")
+    .argument("<file|url>", "image or video (MP4, MOV, MKV, WebM) file, or an http(s) or data URL")
     .addOption(addrOption())
     .addOption(tlsOption())
     .addOption(caOption())
@@ -200,6 +229,10 @@ export function mediaCommand(): Command {
     .option("--force-rgb", "always three channels")
     .option("--exif", "apply the EXIF orientation")
     .option("--store", "keep the tensor in the server's store and print its handle and descriptor")
+    .option("--fps <rate>", "video: sample this many frames per second of video", parseRate)
+    .addOption(new Option("--num-frames <n>", "video: sample n frames spread evenly").argParser(parseCount).conflicts(["fps", "maxFrames"]))
+    .option("--max-frames <n>", "video: sample at most n frames", parseCount)
+    .option("--strict", "video: fail on any decode error instead of skipping bad packets")
     .action(async (source: string, opts: DecodeOpts) => {
       try {
         print(opts.local ? await decodeLocally(source, opts) : await decodeRemotely(source, opts), opts.json === true);

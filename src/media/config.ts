@@ -2,12 +2,36 @@ import ipaddr from "ipaddr.js";
 import { z } from "zod";
 import { DEFAULT_MAX_ALLOC, type ImageDecoderLimits } from "./image-decoder.js";
 import type { FetchPolicy } from "./fetcher.js";
+import { DEFAULT_VIDEO_MAX_ALLOC, type VideoDecoderConfig } from "./video-decoder.js";
 
 const KiB = 1024;
 const MiB = 1024 * KiB;
 const GiB = 1024 * MiB;
 
 const cidr = z.string().refine((s) => ipaddr.isValidCIDR(s), "expected a CIDR network such as 127.0.0.1/32");
+
+/**
+ * The reference's environment names, beside MMGATE_MEDIA__*: each sets an
+ * input-only key that the schema folds into the keys in force (so
+ * print-config shows the effective values, not the switch).
+ */
+export const MEDIA_ENV: Readonly<Record<string, string>> = Object.freeze({
+  DYN_MM_ALLOW_INTERNAL: "fetch.allowInternal",
+  DYN_MULTIMODAL_LOADER_CACHE_GB: "decodedCache.gib",
+});
+
+/**
+ * The reference's DYN_MM_ALLOW_INTERNAL rule: only "1" (read from the
+ * environment as the number 1) turns the three allow flags on; any other
+ * value, "true" and "0" included, has no effect.
+ */
+const allowInternalSwitch = z.union([z.boolean(), z.number(), z.string()]).optional();
+
+/** A float number of GiB, as a number or a decimal string ("8.0" stays a string when read from the environment). */
+const gibAmount = z.preprocess(
+  (value) => (typeof value === "string" && /^\s*\+?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?\s*$/.test(value) ? Number(value) : value),
+  z.number().min(0).max(1024),
+);
 
 /** The `media` config section; every field has a default, so `{}` parses. */
 export const mediaConfigSchema = z.strictObject({
@@ -64,6 +88,45 @@ export const mediaConfigSchema = z.strictObject({
        */
       maxQueuedFetches: z.number().int().min(0).max(16_384).default(64),
       userAgent: z.string().min(1).default("mmgate-media-fetcher"),
+      /**
+       * A name resolving to both allowed and blocked addresses: "refuse" (the
+       * hop fails with URL_BLOCKED_IP) or "dropBlocked" (connect to the
+       * allowed ones, as the reference's HTTP client does).
+       */
+      mixedAddresses: z.enum(["refuse", "dropBlocked"]).default("refuse"),
+      /** Input only (DYN_MM_ALLOW_INTERNAL): 1 sets allowDirectIp, allowDirectPort and allowPrivateIps. */
+      allowInternal: allowInternalSwitch,
+    })
+    .transform(({ allowInternal, ...fetch }) =>
+      allowInternal === 1 || allowInternal === "1" ? { ...fetch, allowDirectIp: true, allowDirectPort: true, allowPrivateIps: true } : fetch,
+    )
+    .prefault({}),
+  /**
+   * Decoded images of http(s) URLs, by URL and decode options, in front of
+   * fetch and decode (see decoded-cache.ts). Off by default.
+   */
+  decodedCache: z
+    .strictObject({
+      /** Byte budget (LRU beyond it); 0 turns the cache off. Wins over `gib` when both are set. */
+      maxBytes: z.number().int().min(0).max(1024 * GiB).optional(),
+      /** Input only (DYN_MULTIMODAL_LOADER_CACHE_GB): the budget in GiB, a float; bytes = floor(gib × 2^30). */
+      gib: gibAmount.optional(),
+    })
+    .transform(({ maxBytes, gib }) => ({ maxBytes: maxBytes ?? (gib === undefined ? 0 : Math.floor(gib * GiB)) }))
+    .prefault({}),
+  /** The video decoder (ffprobe and ffmpeg from the host, docs/media.md). */
+  video: z
+    .strictObject({
+      /** ffmpeg executable: a path, or a name looked up on PATH (Debian package ffmpeg). */
+      ffmpegPath: z.string().min(1).default("ffmpeg"),
+      /** ffprobe executable, likewise. */
+      ffprobePath: z.string().min(1).default("ffprobe"),
+      /** Largest decoded video, frames × W × H × 3 bytes, checked before decoding (the reference's 512 MiB). */
+      maxAlloc: z.number().int().min(1).max(4 * GiB).default(DEFAULT_VIDEO_MAX_ALLOC),
+      /** Decoder threads per video; 0 means min(cores, 8), as the reference's default. */
+      decodeThreads: z.number().int().min(0).max(64).default(0),
+      /** Where encoded videos are staged for ffmpeg (never pixels); null for the OS temp dir. */
+      tempDir: z.string().min(1).nullable().default(null),
     })
     .prefault({}),
   store: z
@@ -97,10 +160,17 @@ export function fetchPolicy(config: MediaConfig): FetchPolicy {
 
 /**
  * The most memory the media module's own data can take: the tensor store's
- * budget plus a full-size tensor for every decode in flight (the decoder
+ * budget, the decoded cache's budget (an upper bound: a cached tensor that is
+ * also stored shares its bytes) and a full-size tensor for every decode in flight (the decoder
  * allocates the tensor before it is stored). Encoded inputs (request bodies,
  * fetched bodies up to fetch.maxBodyBytes) come on top while they are held.
  */
 export function peakMemoryBytes(config: MediaConfig): number {
-  return config.store.maxBytes + config.decoder.maxAlloc * config.decoder.maxConcurrentDecodes;
+  // A decode slot holds an image (decoder.maxAlloc) or a video (video.maxAlloc).
+  const perDecode = Math.max(config.decoder.maxAlloc, config.video.maxAlloc);
+  return config.store.maxBytes + config.decodedCache.maxBytes + perDecode * config.decoder.maxConcurrentDecodes;
+}
+
+export function videoDecoderConfig(config: MediaConfig): VideoDecoderConfig {
+  return { ...config.video };
 }

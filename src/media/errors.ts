@@ -12,6 +12,11 @@ export type MediaErrorCode =
   | "TENSOR_INVALID"
   | "VIDEO_TENSOR_INVALID"
   | "VIDEO_METADATA_INVALID"
+  | "VIDEO_OPTIONS_INVALID"
+  | "VIDEO_FRAME_REQUEST_INVALID"
+  | "VIDEO_ALLOCATION_EXCEEDS_LIMIT"
+  | "VIDEO_DECODE_FAILED"
+  | "VIDEO_DECODER_UNAVAILABLE"
   | "DATA_URL_INVALID"
   | "URL_INVALID"
   | "URL_SCHEME_NOT_ALLOWED"
@@ -45,6 +50,12 @@ const STATUS: Record<MediaErrorCode, Code> = {
   TENSOR_INVALID: Code.InvalidArgument,
   VIDEO_TENSOR_INVALID: Code.InvalidArgument,
   VIDEO_METADATA_INVALID: Code.InvalidArgument,
+  VIDEO_OPTIONS_INVALID: Code.InvalidArgument,
+  VIDEO_FRAME_REQUEST_INVALID: Code.InvalidArgument,
+  VIDEO_ALLOCATION_EXCEEDS_LIMIT: Code.InvalidArgument,
+  VIDEO_DECODE_FAILED: Code.InvalidArgument,
+  // ffmpeg or ffprobe is missing on the server: nothing the caller can fix.
+  VIDEO_DECODER_UNAVAILABLE: Code.FailedPrecondition,
   DATA_URL_INVALID: Code.InvalidArgument,
   URL_INVALID: Code.InvalidArgument,
   URL_SCHEME_NOT_ALLOWED: Code.InvalidArgument,

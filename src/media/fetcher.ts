@@ -15,7 +15,19 @@ export interface FetchPolicy extends UrlPolicy {
   /** Redirects followed; each hop is checked again. */
   readonly maxRedirects: number;
   readonly userAgent: string;
+  /**
+   * A name that resolves to both allowed and blocked addresses: "refuse"
+   * (the default) fails the hop with URL_BLOCKED_IP; "dropBlocked" connects
+   * to the allowed addresses only, as the reference's HTTP client resolver
+   * does. A name with no allowed address is refused either way.
+   */
+  readonly mixedAddresses?: MixedAddressPolicy;
 }
+
+export type MixedAddressPolicy = "refuse" | "dropBlocked";
+
+/** The redirect statuses followed (with a Location); any other 3xx is an error. */
+export const REDIRECT_STATUSES: ReadonlySet<number> = new Set([301, 302, 303, 307, 308]);
 
 export interface ResolvedAddress {
   readonly address: string;
@@ -36,11 +48,16 @@ export interface FetchOptions {
 }
 
 const BASE64 = /^[A-Za-z0-9+/]*={0,2}$/;
+const BASE64_VALUES = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 
 /**
- * Payload of a data URL: everything after the first comma, standard base64
- * with padding (the media type is not inspected, as in the reference). The
- * decoded size is checked against the cap before decoding.
+ * Payload of a data URL: everything after the first comma, decoded as
+ * strictly as Rust's base64 STANDARD engine: the standard alphabet only (no
+ * whitespace, no URL-safe "-" or "_", no percent-escapes), canonical padding
+ * (the length a multiple of 4, "=" only at the end) and zero trailing bits
+ * in the last symbol ("QQ==" is accepted, "QR==" is not). The media type is
+ * not inspected, as in the reference. The decoded size is checked against
+ * the cap before decoding.
  */
 export function decodeDataUrl(url: string, maxBytes: number): Uint8Array {
   const comma = url.indexOf(",");
@@ -60,14 +77,24 @@ export function decodeDataUrl(url: string, maxBytes: number): Uint8Array {
   if (payload.length % 4 !== 0 || !BASE64.test(payload)) {
     throw new MediaError("DATA_URL_INVALID", "Invalid data URL: payload is not standard base64");
   }
+  if (padding > 0) {
+    // The last symbol before the padding carries 4 (one byte) or 2 (two
+    // bytes) bits beyond the data; a canonical encoding leaves them zero.
+    const last = BASE64_VALUES.indexOf(payload[payload.length - padding - 1]!);
+    if ((last & (padding === 2 ? 0x0f : 0x03)) !== 0) {
+      throw new MediaError("DATA_URL_INVALID", "Invalid data URL: payload has non-zero trailing bits");
+    }
+  }
   const bytes = Buffer.from(payload, "base64");
   return new Uint8Array(bytes.buffer, bytes.byteOffset, bytes.length);
 }
 
 /**
- * Resolves a host and refuses it if any of its addresses is blocked. A
- * resolver that never answers cannot outlive the fetch's deadline or the
- * caller's cancellation.
+ * Resolves a host and checks its addresses: with any blocked one the host
+ * is refused (policy.mixedAddresses "refuse", the default), or the blocked
+ * ones are dropped and the rest returned ("dropBlocked"); a host with no
+ * allowed address is refused either way. A resolver that never answers
+ * cannot outlive the fetch's deadline or the caller's cancellation.
  */
 async function resolveChecked(
   host: string,
@@ -84,15 +111,18 @@ async function resolveChecked(
     throw new MediaError("URL_RESOLVE_FAILED", `Failed to resolve ${host}: ${why}`);
   }
   if (addresses.length === 0) throw new MediaError("URL_RESOLVE_FAILED", `Failed to resolve ${host}: no addresses`);
-  if (!policy.allowPrivateIps) {
-    for (const a of addresses) {
-      const network = blockedNetworkOf(a.address, policy.allowedIpNetworks);
-      if (network !== null) {
-        throw new MediaError("URL_BLOCKED_IP", `Host ${host} resolves to a blocked IP address: ${a.address} (in ${network})`);
-      }
-    }
+  if (policy.allowPrivateIps) return addresses;
+  const allowed: ResolvedAddress[] = [];
+  let blocked: { readonly address: string; readonly network: string } | null = null;
+  for (const a of addresses) {
+    const network = blockedNetworkOf(a.address, policy.allowedIpNetworks);
+    if (network === null) allowed.push(a);
+    else blocked ??= { address: a.address, network };
   }
-  return addresses;
+  if (blocked !== null && (allowed.length === 0 || policy.mixedAddresses !== "dropBlocked")) {
+    throw new MediaError("URL_BLOCKED_IP", `Host ${host} resolves to a blocked IP address: ${blocked.address} (in ${blocked.network})`);
+  }
+  return allowed;
 }
 
 /** A lookup that only ever answers with the addresses already checked. */
@@ -127,7 +157,7 @@ function request(url: URL, addresses: readonly ResolvedAddress[] | null, policy:
       },
       (res) => {
         const status = res.statusCode ?? 0;
-        if (status >= 300 && status < 400 && res.headers.location !== undefined) {
+        if (REDIRECT_STATUSES.has(status) && res.headers.location !== undefined) {
           res.resume();
           resolve({ kind: "redirect", location: res.headers.location });
           return;
@@ -180,8 +210,9 @@ function tooLarge(limit: number, actual: bigint): MediaError {
 /**
  * Fetches encoded media from a data or http(s) URL under the URL policy:
  * every hop is checked by rule and by resolved address (connections go only
- * to the checked addresses), at most maxRedirects redirects, one deadline
- * for the whole fetch and a body cap enforced while streaming.
+ * to the checked addresses), at most maxRedirects redirects (301, 302, 303,
+ * 307 and 308 with a Location; any other 3xx fails as a non-2xx status),
+ * one deadline for the whole fetch and a body cap enforced while streaming.
  */
 export async function fetchMedia(url: string, policy: FetchPolicy, options: FetchOptions = {}): Promise<Uint8Array> {
   if (isDataUrl(url)) return decodeDataUrl(url, policy.maxBodyBytes);
@@ -212,7 +243,9 @@ export async function fetchMedia(url: string, policy: FetchPolicy, options: Fetc
           }
           continue;
         case "failed": {
-          const status = hop.status >= 400 && hop.status < 500 ? Code.InvalidArgument : Code.Unavailable;
+          // 3xx (a redirect status not followed, or one without a Location)
+          // and 4xx are answers about the URL itself; retrying will not help.
+          const status = hop.status >= 300 && hop.status < 500 ? Code.InvalidArgument : Code.Unavailable;
           throw new MediaError("FETCH_HTTP_STATUS", `Fetching media failed with HTTP status ${hop.status}`, undefined, BigInt(hop.status), status);
         }
         case "body":

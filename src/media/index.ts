@@ -1,7 +1,7 @@
 import { MediaService } from "../../gen/mmgate/media/v1/media_pb.js";
 import { defineModule, bindService } from "../server/index.js";
 import type { Semaphore } from "../util/index.js";
-import { mediaConfigSchema, peakMemoryBytes } from "./config.js";
+import { MEDIA_ENV, mediaConfigSchema, peakMemoryBytes } from "./config.js";
 import { agentMetadataBytes, encodeNixlMetadata, newTransferAgent } from "./descriptor.js";
 import { mediaErrorToConnect } from "./errors.js";
 import { configureSharp } from "./image-decoder.js";
@@ -29,8 +29,10 @@ export interface MediaModuleOptions {
 export function createMediaModule(options: MediaModuleOptions = {}) {
   return defineModule({
     name: "media",
-    description: "Decoded media: image tensors, the canonical XXH3 content hash, transfer descriptors",
+    description: "Decoded media: image and video tensors, the canonical XXH3 content hash, transfer descriptors",
     configSchema: mediaConfigSchema,
+    // DYN_MM_ALLOW_INTERNAL, DYN_MULTIMODAL_LOADER_CACHE_GB (docs/media.md).
+    env: MEDIA_ENV,
     mapError: mediaErrorToConnect,
     create(ctx) {
       const config = ctx.config;
@@ -42,7 +44,7 @@ export function createMediaModule(options: MediaModuleOptions = {}) {
         onEvict: (_tensor, reason) => metrics.evictions.inc({ reason }),
       });
       // Read at scrape time only, after construction, once `pipeline` exists.
-      const metrics = new MediaMetrics(ctx.metrics, tensors, () => pipeline.load);
+      const metrics = new MediaMetrics(ctx.metrics, tensors, () => pipeline.load, () => pipeline.decodedCache);
       const agent = newTransferAgent(ctx.advertisedAddress);
       const pipeline: MediaPipeline = createMediaPipeline({
         config,
@@ -51,12 +53,14 @@ export function createMediaModule(options: MediaModuleOptions = {}) {
         ...(options.decodeSlots ? { decodeSlots: options.decodeSlots } : {}),
         ...(options.fetchSlots ? { fetchSlots: options.fetchSlots } : {}),
         onRejected: (stage) => metrics.admissionRejected.inc({ stage }),
+        onDecodedCache: (event) => metrics.decodedCache[event].inc(),
       });
       ctx.logger.info(
         {
           agent: agent.name,
           storeBytes: config.store.maxBytes,
-          // Store budget + decoder.maxAlloc × decoder.maxConcurrentDecodes.
+          decodedCacheBytes: config.decodedCache.maxBytes,
+          // Store budget + decoded cache budget + decoder.maxAlloc × decoder.maxConcurrentDecodes.
           peakMemoryBytes: peakMemoryBytes(config),
           maxConcurrentDecodes: config.decoder.maxConcurrentDecodes,
           maxQueuedDecodes: config.decoder.maxQueuedDecodes,
@@ -70,6 +74,7 @@ export function createMediaModule(options: MediaModuleOptions = {}) {
         exports: pipeline,
         close() {
           tensors.clear();
+          pipeline.decodedCache.clear();
         },
       };
     },
@@ -79,7 +84,8 @@ export function createMediaModule(options: MediaModuleOptions = {}) {
 /** The `media` module as the server runs it. */
 export const mediaModule = createMediaModule();
 
-export { mediaConfigSchema, peakMemoryBytes, type MediaConfig } from "./config.js";
+export { MEDIA_ENV, mediaConfigSchema, peakMemoryBytes, type MediaConfig } from "./config.js";
+export { DecodedMediaCache, decodedCacheKey, type DecodedCacheEvent, type DecodedMediaCacheOptions } from "./decoded-cache.js";
 export { MediaError, OVERLOADED_RETRY_AFTER_SECONDS, type MediaErrorCode } from "./errors.js";
 export { MediaAdmission, MEDIA_STAGES, type MediaStage, type MediaStageLoad } from "./admission.js";
 export {
@@ -109,6 +115,19 @@ export {
 } from "./hash.js";
 export { videoMetadataJson, formatF64 } from "./serde-json.js";
 export { videoDimensionsFromParts, type VideoDimensions } from "./video.js";
+export {
+  decodeVideo,
+  DEFAULT_VIDEO_MAX_ALLOC,
+  guessVideoContainer,
+  isVideoPayload,
+  targetFrameIndices,
+  requestedFrameCount,
+  validateVideoSampling,
+  type VideoContainer,
+  type VideoDecodeOptions,
+  type VideoDecoderConfig,
+  type VideoSampling,
+} from "./video-decoder.js";
 export { configureSharp, decodeImage, DEFAULT_MAX_ALLOC, type ImageDecoderLimits, type ImageDecodeOptions } from "./image-decoder.js";
 export {
   agentMetadataBytes,
@@ -123,7 +142,7 @@ export {
   type TransferAgent,
 } from "./descriptor.js";
 export { TensorStore, type StoredTensor, type TensorStoreOptions } from "./tensor-store.js";
-export { fetchMedia, decodeDataUrl, type FetchPolicy, type Resolver } from "./fetcher.js";
+export { fetchMedia, decodeDataUrl, REDIRECT_STATUSES, type FetchPolicy, type MixedAddressPolicy, type Resolver } from "./fetcher.js";
 export {
   BLOCKED_HOSTS,
   BLOCKED_IP_NETWORKS,

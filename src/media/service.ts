@@ -15,12 +15,14 @@ import {
   type ReadTensorResponse,
   type ReleaseTensorRequest,
   type ReleaseTensorResponse,
+  type VideoOptions,
 } from "../../gen/mmgate/media/v1/media_pb.js";
 import type { MediaConfig } from "./config.js";
 import { MediaError } from "./errors.js";
 import { canonicalContentHash, formatContentHashKey, videoContentHash } from "./hash.js";
 import type { MediaPipeline, MediaSource } from "./pipeline.js";
 import type { MediaTensorInfo } from "./tensor.js";
+import type { VideoSampling } from "./video-decoder.js";
 import { validateVideoMetadata, videoDimensionsFromParts } from "./video.js";
 import { dtypeFromProto, shapeFromProto, tensorInfoToProto, videoMetadataFromProto } from "./proto-convert.js";
 
@@ -33,6 +35,16 @@ export interface MediaServiceDeps {
 /** Overflow-checked element count of a shape. */
 function elementCount(shape: readonly number[]): bigint {
   return shape.reduce((n, d) => n * BigInt(d), 1n);
+}
+
+/** A uint64 count as a number; beyond 2^53 it saturates (no video has that many frames). */
+function count(value: bigint | undefined): number | undefined {
+  return value === undefined ? undefined : Number(value > BigInt(Number.MAX_SAFE_INTEGER) ? BigInt(Number.MAX_SAFE_INTEGER) : value);
+}
+
+function videoSampling(video: VideoOptions | undefined): VideoSampling {
+  if (video === undefined) return {};
+  return { fps: video.fps, numFrames: count(video.numFrames), maxFrames: count(video.maxFrames), strict: video.strict };
 }
 
 function hashResponse(hash: bigint | null): HashTensorResponse {
@@ -48,7 +60,11 @@ export function createMediaService(deps: MediaServiceDeps): ServiceImpl<typeof M
     const source: MediaSource | undefined =
       req.source.case === "url" ? { url: req.source.value } : req.source.case === "data" ? { data: req.source.value } : undefined;
     if (source === undefined) throw new MediaError("URL_INVALID", "a source (url or data) is required");
-    const decoded = await pipeline.decode(source, { forceRgb: options?.forceRgb ?? false, applyExifOrientation: options?.applyExifOrientation ?? false }, ctx.signal);
+    const decoded = await pipeline.decode(
+      source,
+      { forceRgb: options?.forceRgb ?? false, applyExifOrientation: options?.applyExifOrientation ?? false, video: videoSampling(req.video) },
+      ctx.signal,
+    );
     const size = decoded.data.length;
     if (options?.returnPixels && size > config.maxInlinePixelBytes) {
       throw new MediaError(

@@ -46,8 +46,13 @@ describe("media admission config", () => {
   });
 
   it("peak memory is the store budget plus a full tensor per decode in flight", () => {
-    expect(peakMemoryBytes(mediaConfigSchema.parse({}))).to.equal(1024 * MiB + 4 * 128 * MiB);
-    const small = mediaConfigSchema.parse({ store: { maxBytes: 64 * MiB }, decoder: { maxAlloc: 16 * MiB, maxConcurrentDecodes: 2 } });
+    // A decode slot may hold a video (video.maxAlloc, 512 MiB) or an image (decoder.maxAlloc, 128 MiB).
+    expect(peakMemoryBytes(mediaConfigSchema.parse({}))).to.equal(1024 * MiB + 4 * 512 * MiB);
+    const small = mediaConfigSchema.parse({
+      store: { maxBytes: 64 * MiB },
+      decoder: { maxAlloc: 16 * MiB, maxConcurrentDecodes: 2 },
+      video: { maxAlloc: 8 * MiB },
+    });
     expect(peakMemoryBytes(small)).to.equal(96 * MiB);
   });
 });
@@ -186,7 +191,7 @@ describe("MediaService under overload", function () {
 
     it("logs the peak memory figure at start-up", () => {
       const ready = logLines.map((l) => JSON.parse(l) as Record<string, unknown>).find((e) => e["msg"] === "media tensor store ready");
-      expect(ready?.["peakMemoryBytes"]).to.equal(1024 * MiB + 1 * 128 * MiB);
+      expect(ready?.["peakMemoryBytes"]).to.equal(1024 * MiB + 1 * 512 * MiB);
     });
   });
 

@@ -55,7 +55,9 @@ describe("config and decode slots", () => {
       maxConcurrentFetches: 16,
       maxQueuedFetches: 64,
       userAgent: "mmgate-media-fetcher",
+      mixedAddresses: "refuse",
     });
+    expect(c.decodedCache).to.deep.equal({ maxBytes: 0 });
     expect(c.store).to.deep.equal({ maxBytes: 1024 ** 3, ttlMs: 120_000 });
     expect(c.maxInlinePixelBytes).to.equal(4 * 1024 * 1024);
     expect(c.readChunkBytes).to.equal(1024 * 1024);

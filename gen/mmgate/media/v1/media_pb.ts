@@ -11,7 +11,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file mmgate/media/v1/media.proto.
  */
 export const file_mmgate_media_v1_media: GenFile = /*@__PURE__*/
-  fileDesc("ChttbWdhdGUvbWVkaWEvdjEvbWVkaWEucHJvdG8SD21tZ2F0ZS5tZWRpYS52MSJDCg1JbWFnZU1ldGFkYXRhEg4KBmZvcm1hdBgBIAEoCRISCgpjb2xvcl90eXBlGAIgASgJEg4KBmxheW91dBgDIAEoCSIeCgxGcmFtZUluZGljZXMSDgoGdmFsdWVzGAEgAygDIskBCg1WaWRlb01ldGFkYXRhEhIKCnNvdXJjZV9mcHMYASABKAESFwoPc291cmNlX2R1cmF0aW9uGAIgASgBEhoKEnNhbXBsZWRfdGltZXN0YW1wcxgDIAMoARIgChNzb3VyY2VfdG90YWxfZnJhbWVzGAQgASgDSACIAQESNQoOZnJhbWVzX2luZGljZXMYBSABKAsyHS5tbWdhdGUubWVkaWEudjEuRnJhbWVJbmRpY2VzQhYKFF9zb3VyY2VfdG90YWxfZnJhbWVzIrMBCgpUZW5zb3JJbmZvEg0KBXNoYXBlGAEgAygEEigKBWR0eXBlGAIgASgOMhkubW1nYXRlLm1lZGlhLnYxLkRhdGFUeXBlEi8KBWltYWdlGAMgASgLMh4ubW1nYXRlLm1lZGlhLnYxLkltYWdlTWV0YWRhdGFIABIvCgV2aWRlbxgEIAEoCzIeLm1tZ2F0ZS5tZWRpYS52MS5WaWRlb01ldGFkYXRhSABCCgoIbWV0YWRhdGEibQoNRGVjb2RlT3B0aW9ucxIRCglmb3JjZV9yZ2IYASABKAgSHgoWYXBwbHlfZXhpZl9vcmllbnRhdGlvbhgCIAEoCBIVCg1yZXR1cm5fcGl4ZWxzGAMgASgIEhIKCnNraXBfc3RvcmUYBCABKAgiaQoNRGVjb2RlUmVxdWVzdBINCgN1cmwYASABKAlIABIOCgRkYXRhGAIgASgMSAASLwoHb3B0aW9ucxgDIAEoCzIeLm1tZ2F0ZS5tZWRpYS52MS5EZWNvZGVPcHRpb25zQggKBnNvdXJjZSLVAQoORGVjb2RlUmVzcG9uc2USMAoLdGVuc29yX2luZm8YASABKAsyGy5tbWdhdGUubWVkaWEudjEuVGVuc29ySW5mbxIZCgxjb250ZW50X2hhc2gYAiABKARIAIgBARIYChBjb250ZW50X2hhc2hfa2V5GAMgASgJEhcKD2Rlc2NyaXB0b3JfanNvbhgEIAEoCRIOCgZoYW5kbGUYBSABKAQSEgoKc2l6ZV9ieXRlcxgGIAEoBBIOCgZwaXhlbHMYByABKAxCDwoNX2NvbnRlbnRfaGFzaCKSAQoRSGFzaFRlbnNvclJlcXVlc3QSDQoFc2hhcGUYASADKAQSKAoFZHR5cGUYAiABKA4yGS5tbWdhdGUubWVkaWEudjEuRGF0YVR5cGUSDAoEZGF0YRgDIAEoDBI2Cg52aWRlb19tZXRhZGF0YRgEIAEoCzIeLm1tZ2F0ZS5tZWRpYS52MS5WaWRlb01ldGFkYXRhIloKEkhhc2hUZW5zb3JSZXNwb25zZRIZCgxjb250ZW50X2hhc2gYASABKARIAIgBARIYChBjb250ZW50X2hhc2hfa2V5GAIgASgJQg8KDV9jb250ZW50X2hhc2giQwoRUmVhZFRlbnNvclJlcXVlc3QSDgoGaGFuZGxlGAEgASgEEg4KBm9mZnNldBgCIAEoBBIOCgZsZW5ndGgYAyABKAQiRgoSUmVhZFRlbnNvclJlc3BvbnNlEg4KBm9mZnNldBgBIAEoBBIMCgRkYXRhGAIgASgMEhIKCnRvdGFsX3NpemUYAyABKAQiJgoUUmVsZWFzZVRlbnNvclJlcXVlc3QSDgoGaGFuZGxlGAEgASgEIikKFVJlbGVhc2VUZW5zb3JSZXNwb25zZRIQCghyZWxlYXNlZBgBIAEoCCI6CgtFcnJvckRldGFpbBIMCgRjb2RlGAEgASgJEg0KBWxpbWl0GAIgASgEEg4KBmFjdHVhbBgDIAEoBCo6CghEYXRhVHlwZRIZChVEQVRBX1RZUEVfVU5TUEVDSUZJRUQQABITCg9EQVRBX1RZUEVfVUlOVDgQATKBAwoMTWVkaWFTZXJ2aWNlEk8KBkRlY29kZRIeLm1tZ2F0ZS5tZWRpYS52MS5EZWNvZGVSZXF1ZXN0Gh8ubW1nYXRlLm1lZGlhLnYxLkRlY29kZVJlc3BvbnNlIgTI8xgBElsKCkhhc2hUZW5zb3ISIi5tbWdhdGUubWVkaWEudjEuSGFzaFRlbnNvclJlcXVlc3QaIy5tbWdhdGUubWVkaWEudjEuSGFzaFRlbnNvclJlc3BvbnNlIgTI8xgBEl0KClJlYWRUZW5zb3ISIi5tbWdhdGUubWVkaWEudjEuUmVhZFRlbnNvclJlcXVlc3QaIy5tbWdhdGUubWVkaWEudjEuUmVhZFRlbnNvclJlc3BvbnNlIgTI8xgBMAESZAoNUmVsZWFzZVRlbnNvchIlLm1tZ2F0ZS5tZWRpYS52MS5SZWxlYXNlVGVuc29yUmVxdWVzdBomLm1tZ2F0ZS5tZWRpYS52MS5SZWxlYXNlVGVuc29yUmVzcG9uc2UiBMjzGAJiBnByb3RvMw", [file_mmgate_options_v1_options]);
+  fileDesc("ChttbWdhdGUvbWVkaWEvdjEvbWVkaWEucHJvdG8SD21tZ2F0ZS5tZWRpYS52MSJDCg1JbWFnZU1ldGFkYXRhEg4KBmZvcm1hdBgBIAEoCRISCgpjb2xvcl90eXBlGAIgASgJEg4KBmxheW91dBgDIAEoCSIeCgxGcmFtZUluZGljZXMSDgoGdmFsdWVzGAEgAygDIskBCg1WaWRlb01ldGFkYXRhEhIKCnNvdXJjZV9mcHMYASABKAESFwoPc291cmNlX2R1cmF0aW9uGAIgASgBEhoKEnNhbXBsZWRfdGltZXN0YW1wcxgDIAMoARIgChNzb3VyY2VfdG90YWxfZnJhbWVzGAQgASgDSACIAQESNQoOZnJhbWVzX2luZGljZXMYBSABKAsyHS5tbWdhdGUubWVkaWEudjEuRnJhbWVJbmRpY2VzQhYKFF9zb3VyY2VfdG90YWxfZnJhbWVzIrMBCgpUZW5zb3JJbmZvEg0KBXNoYXBlGAEgAygEEigKBWR0eXBlGAIgASgOMhkubW1nYXRlLm1lZGlhLnYxLkRhdGFUeXBlEi8KBWltYWdlGAMgASgLMh4ubW1nYXRlLm1lZGlhLnYxLkltYWdlTWV0YWRhdGFIABIvCgV2aWRlbxgEIAEoCzIeLm1tZ2F0ZS5tZWRpYS52MS5WaWRlb01ldGFkYXRhSABCCgoIbWV0YWRhdGEibQoNRGVjb2RlT3B0aW9ucxIRCglmb3JjZV9yZ2IYASABKAgSHgoWYXBwbHlfZXhpZl9vcmllbnRhdGlvbhgCIAEoCBIVCg1yZXR1cm5fcGl4ZWxzGAMgASgIEhIKCnNraXBfc3RvcmUYBCABKAgiiAEKDFZpZGVvT3B0aW9ucxIQCgNmcHMYASABKAFIAIgBARIXCgpudW1fZnJhbWVzGAIgASgESAGIAQESFwoKbWF4X2ZyYW1lcxgDIAEoBEgCiAEBEg4KBnN0cmljdBgEIAEoCEIGCgRfZnBzQg0KC19udW1fZnJhbWVzQg0KC19tYXhfZnJhbWVzIpcBCg1EZWNvZGVSZXF1ZXN0Eg0KA3VybBgBIAEoCUgAEg4KBGRhdGEYAiABKAxIABIvCgdvcHRpb25zGAMgASgLMh4ubW1nYXRlLm1lZGlhLnYxLkRlY29kZU9wdGlvbnMSLAoFdmlkZW8YBCABKAsyHS5tbWdhdGUubWVkaWEudjEuVmlkZW9PcHRpb25zQggKBnNvdXJjZSLVAQoORGVjb2RlUmVzcG9uc2USMAoLdGVuc29yX2luZm8YASABKAsyGy5tbWdhdGUubWVkaWEudjEuVGVuc29ySW5mbxIZCgxjb250ZW50X2hhc2gYAiABKARIAIgBARIYChBjb250ZW50X2hhc2hfa2V5GAMgASgJEhcKD2Rlc2NyaXB0b3JfanNvbhgEIAEoCRIOCgZoYW5kbGUYBSABKAQSEgoKc2l6ZV9ieXRlcxgGIAEoBBIOCgZwaXhlbHMYByABKAxCDwoNX2NvbnRlbnRfaGFzaCKSAQoRSGFzaFRlbnNvclJlcXVlc3QSDQoFc2hhcGUYASADKAQSKAoFZHR5cGUYAiABKA4yGS5tbWdhdGUubWVkaWEudjEuRGF0YVR5cGUSDAoEZGF0YRgDIAEoDBI2Cg52aWRlb19tZXRhZGF0YRgEIAEoCzIeLm1tZ2F0ZS5tZWRpYS52MS5WaWRlb01ldGFkYXRhIloKEkhhc2hUZW5zb3JSZXNwb25zZRIZCgxjb250ZW50X2hhc2gYASABKARIAIgBARIYChBjb250ZW50X2hhc2hfa2V5GAIgASgJQg8KDV9jb250ZW50X2hhc2giQwoRUmVhZFRlbnNvclJlcXVlc3QSDgoGaGFuZGxlGAEgASgEEg4KBm9mZnNldBgCIAEoBBIOCgZsZW5ndGgYAyABKAQiRgoSUmVhZFRlbnNvclJlc3BvbnNlEg4KBm9mZnNldBgBIAEoBBIMCgRkYXRhGAIgASgMEhIKCnRvdGFsX3NpemUYAyABKAQiJgoUUmVsZWFzZVRlbnNvclJlcXVlc3QSDgoGaGFuZGxlGAEgASgEIikKFVJlbGVhc2VUZW5zb3JSZXNwb25zZRIQCghyZWxlYXNlZBgBIAEoCCI6CgtFcnJvckRldGFpbBIMCgRjb2RlGAEgASgJEg0KBWxpbWl0GAIgASgEEg4KBmFjdHVhbBgDIAEoBCo6CghEYXRhVHlwZRIZChVEQVRBX1RZUEVfVU5TUEVDSUZJRUQQABITCg9EQVRBX1RZUEVfVUlOVDgQATKBAwoMTWVkaWFTZXJ2aWNlEk8KBkRlY29kZRIeLm1tZ2F0ZS5tZWRpYS52MS5EZWNvZGVSZXF1ZXN0Gh8ubW1nYXRlLm1lZGlhLnYxLkRlY29kZVJlc3BvbnNlIgTI8xgBElsKCkhhc2hUZW5zb3ISIi5tbWdhdGUubWVkaWEudjEuSGFzaFRlbnNvclJlcXVlc3QaIy5tbWdhdGUubWVkaWEudjEuSGFzaFRlbnNvclJlc3BvbnNlIgTI8xgBEl0KClJlYWRUZW5zb3ISIi5tbWdhdGUubWVkaWEudjEuUmVhZFRlbnNvclJlcXVlc3QaIy5tbWdhdGUubWVkaWEudjEuUmVhZFRlbnNvclJlc3BvbnNlIgTI8xgBMAESZAoNUmVsZWFzZVRlbnNvchIlLm1tZ2F0ZS5tZWRpYS52MS5SZWxlYXNlVGVuc29yUmVxdWVzdBomLm1tZ2F0ZS5tZWRpYS52MS5SZWxlYXNlVGVuc29yUmVzcG9uc2UiBMjzGAJiBnByb3RvMw", [file_mmgate_options_v1_options]);
 
 /**
  * Metadata of a decoded image.
@@ -196,6 +196,50 @@ export const DecodeOptionsSchema: GenMessage<DecodeOptions> = /*@__PURE__*/
   messageDesc(file_mmgate_media_v1_media, 4);
 
 /**
+ * How frames of a video are sampled. fps and num_frames exclude each other,
+ * and so do max_frames and num_frames. Ignored for images.
+ *
+ * @generated from message mmgate.media.v1.VideoOptions
+ */
+export type VideoOptions = Message<"mmgate.media.v1.VideoOptions"> & {
+  /**
+   * Frames per second of video to sample: floor(duration x fps) frames.
+   *
+   * @generated from field: optional double fps = 1;
+   */
+  fps?: number | undefined;
+
+  /**
+   * Frames to sample, spread evenly over the video (0 reads as 1).
+   *
+   * @generated from field: optional uint64 num_frames = 2;
+   */
+  numFrames?: bigint | undefined;
+
+  /**
+   * Upper bound on the sampled frames.
+   *
+   * @generated from field: optional uint64 max_frames = 3;
+   */
+  maxFrames?: bigint | undefined;
+
+  /**
+   * Any decode error fails the call and every sampled frame must decode;
+   * otherwise bad packets are skipped and the frames decoded are returned.
+   *
+   * @generated from field: bool strict = 4;
+   */
+  strict: boolean;
+};
+
+/**
+ * Describes the message mmgate.media.v1.VideoOptions.
+ * Use `create(VideoOptionsSchema)` to create a new message.
+ */
+export const VideoOptionsSchema: GenMessage<VideoOptions> = /*@__PURE__*/
+  messageDesc(file_mmgate_media_v1_media, 5);
+
+/**
  * @generated from message mmgate.media.v1.DecodeRequest
  */
 export type DecodeRequest = Message<"mmgate.media.v1.DecodeRequest"> & {
@@ -212,7 +256,7 @@ export type DecodeRequest = Message<"mmgate.media.v1.DecodeRequest"> & {
     case: "url";
   } | {
     /**
-     * The encoded image itself.
+     * The encoded image or video (MP4, MOV, MKV, WebM) itself.
      *
      * @generated from field: bytes data = 2;
      */
@@ -224,6 +268,13 @@ export type DecodeRequest = Message<"mmgate.media.v1.DecodeRequest"> & {
    * @generated from field: mmgate.media.v1.DecodeOptions options = 3;
    */
   options?: DecodeOptions | undefined;
+
+  /**
+   * Frame sampling when the source is a video; all frames when unset.
+   *
+   * @generated from field: mmgate.media.v1.VideoOptions video = 4;
+   */
+  video?: VideoOptions | undefined;
 };
 
 /**
@@ -231,7 +282,7 @@ export type DecodeRequest = Message<"mmgate.media.v1.DecodeRequest"> & {
  * Use `create(DecodeRequestSchema)` to create a new message.
  */
 export const DecodeRequestSchema: GenMessage<DecodeRequest> = /*@__PURE__*/
-  messageDesc(file_mmgate_media_v1_media, 5);
+  messageDesc(file_mmgate_media_v1_media, 6);
 
 /**
  * @generated from message mmgate.media.v1.DecodeResponse
@@ -290,7 +341,7 @@ export type DecodeResponse = Message<"mmgate.media.v1.DecodeResponse"> & {
  * Use `create(DecodeResponseSchema)` to create a new message.
  */
 export const DecodeResponseSchema: GenMessage<DecodeResponse> = /*@__PURE__*/
-  messageDesc(file_mmgate_media_v1_media, 6);
+  messageDesc(file_mmgate_media_v1_media, 7);
 
 /**
  * @generated from message mmgate.media.v1.HashTensorRequest
@@ -325,7 +376,7 @@ export type HashTensorRequest = Message<"mmgate.media.v1.HashTensorRequest"> & {
  * Use `create(HashTensorRequestSchema)` to create a new message.
  */
 export const HashTensorRequestSchema: GenMessage<HashTensorRequest> = /*@__PURE__*/
-  messageDesc(file_mmgate_media_v1_media, 7);
+  messageDesc(file_mmgate_media_v1_media, 8);
 
 /**
  * @generated from message mmgate.media.v1.HashTensorResponse
@@ -351,7 +402,7 @@ export type HashTensorResponse = Message<"mmgate.media.v1.HashTensorResponse"> &
  * Use `create(HashTensorResponseSchema)` to create a new message.
  */
 export const HashTensorResponseSchema: GenMessage<HashTensorResponse> = /*@__PURE__*/
-  messageDesc(file_mmgate_media_v1_media, 8);
+  messageDesc(file_mmgate_media_v1_media, 9);
 
 /**
  * @generated from message mmgate.media.v1.ReadTensorRequest
@@ -382,7 +433,7 @@ export type ReadTensorRequest = Message<"mmgate.media.v1.ReadTensorRequest"> & {
  * Use `create(ReadTensorRequestSchema)` to create a new message.
  */
 export const ReadTensorRequestSchema: GenMessage<ReadTensorRequest> = /*@__PURE__*/
-  messageDesc(file_mmgate_media_v1_media, 9);
+  messageDesc(file_mmgate_media_v1_media, 10);
 
 /**
  * @generated from message mmgate.media.v1.ReadTensorResponse
@@ -413,7 +464,7 @@ export type ReadTensorResponse = Message<"mmgate.media.v1.ReadTensorResponse"> &
  * Use `create(ReadTensorResponseSchema)` to create a new message.
  */
 export const ReadTensorResponseSchema: GenMessage<ReadTensorResponse> = /*@__PURE__*/
-  messageDesc(file_mmgate_media_v1_media, 10);
+  messageDesc(file_mmgate_media_v1_media, 11);
 
 /**
  * @generated from message mmgate.media.v1.ReleaseTensorRequest
@@ -430,7 +481,7 @@ export type ReleaseTensorRequest = Message<"mmgate.media.v1.ReleaseTensorRequest
  * Use `create(ReleaseTensorRequestSchema)` to create a new message.
  */
 export const ReleaseTensorRequestSchema: GenMessage<ReleaseTensorRequest> = /*@__PURE__*/
-  messageDesc(file_mmgate_media_v1_media, 11);
+  messageDesc(file_mmgate_media_v1_media, 12);
 
 /**
  * @generated from message mmgate.media.v1.ReleaseTensorResponse
@@ -449,7 +500,7 @@ export type ReleaseTensorResponse = Message<"mmgate.media.v1.ReleaseTensorRespon
  * Use `create(ReleaseTensorResponseSchema)` to create a new message.
  */
 export const ReleaseTensorResponseSchema: GenMessage<ReleaseTensorResponse> = /*@__PURE__*/
-  messageDesc(file_mmgate_media_v1_media, 12);
+  messageDesc(file_mmgate_media_v1_media, 13);
 
 /**
  * Typed detail attached to every error status of this service.
@@ -485,7 +536,7 @@ export type ErrorDetail = Message<"mmgate.media.v1.ErrorDetail"> & {
  * Use `create(ErrorDetailSchema)` to create a new message.
  */
 export const ErrorDetailSchema: GenMessage<ErrorDetail> = /*@__PURE__*/
-  messageDesc(file_mmgate_media_v1_media, 13);
+  messageDesc(file_mmgate_media_v1_media, 14);
 
 /**
  * Element type of a tensor. UNSPECIFIED is read as UINT8, the only type.
@@ -519,9 +570,10 @@ export const DataTypeSchema: GenEnum<DataType> = /*@__PURE__*/
  */
 export const MediaService: GenService<{
   /**
-   * Fetches (URL) or takes (bytes) one encoded image, decodes it within the
-   * configured limits, hashes it, keeps the tensor in the store and returns
-   * its description and transfer descriptor.
+   * Fetches (URL) or takes (bytes) one encoded image or video, decodes it
+   * within the configured limits (a video to sampled RGB frames, [T, H, W, 3]),
+   * hashes it, keeps the tensor in the store and returns its description and
+   * transfer descriptor.
    *
    * @generated from rpc mmgate.media.v1.MediaService.Decode
    */
