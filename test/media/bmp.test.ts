@@ -1,25 +1,17 @@
 import { expect } from "chai";
-import { xxh3 } from "@node-rs/xxhash";
 import { decodeImage, DEFAULT_MAX_ALLOC, type ImageDecoderLimits } from "../../src/media/image-decoder.js";
 import { readBmpHeader } from "../../src/media/bmp.js";
 import { MediaError } from "../../src/media/errors.js";
 import type { DecodedMedia } from "../../src/media/tensor.js";
 import { expectRejection, prng } from "../support/index.js";
-import { encodeRaw, pattern } from "./fixtures.js";
+import { encodeRaw, pattern, ruleHash, sameBytes } from "./fixtures.js";
 import { buildBmp, expandPalette, pack24, packIndices, packRle, packWords, type BmpFields } from "./fixtures/bmp.js";
 
 const LIMITS: ImageDecoderLimits = { maxImageWidth: null, maxImageHeight: null, maxAlloc: DEFAULT_MAX_ALLOC };
 
 const rejects = (promise: Promise<unknown>) => expectRejection(promise, { type: MediaError });
 
-function ruleHash(shape: number[], bytes: Uint8Array): bigint {
-  const head = Buffer.alloc(8 * (shape.length + 1) + 1);
-  head.writeBigUInt64LE(BigInt(shape.length), 0);
-  shape.forEach((d, i) => head.writeBigUInt64LE(BigInt(d), 8 * (i + 1)));
-  return xxh3.xxh64(Buffer.concat([head, Buffer.from(bytes)]), 0n);
-}
 
-const same = (a: Uint8Array, b: Uint8Array): boolean => Buffer.from(a.buffer, a.byteOffset, a.length).equals(Buffer.from(b));
 
 /** Odd sizes, so that every row of every depth needs padding. */
 const W = 13;
@@ -240,7 +232,7 @@ async function expectPixels(decoded: DecodedMedia, shape: number[], expected: Ui
   expect(decoded.tensorInfo.metadata, name).to.deep.equal({
     Image: { format: "Bmp", color_type: shape[2] === 4 ? "Rgba8" : "Rgb8", layout: "HWC" },
   });
-  expect(same(decoded.data, expected), name).to.equal(true);
+  expect(sameBytes(decoded.data, expected), name).to.equal(true);
   expect(decoded.contentHash, name).to.equal(ruleHash(shape, expected));
 }
 
@@ -258,7 +250,7 @@ describe("BMP decoding", () => {
     it("drops alpha with forceRgb", async () => {
       const decoded = await decodeImage(ALPHA_CASE.bmp(), LIMITS, { forceRgb: true });
       expect(decoded.tensorInfo.shape).to.deep.equal([H, W, 3]);
-      expect(same(decoded.data, Uint8Array.from({ length: W * H * 3 }, (_, i) => RGBA[Math.floor(i / 3) * 4 + (i % 3)]!))).to.equal(true);
+      expect(sameBytes(decoded.data, Uint8Array.from({ length: W * H * 3 }, (_, i) => RGBA[Math.floor(i / 3) * 4 + (i % 3)]!))).to.equal(true);
     });
 
     it("widens 16-bit channels as the reference does (anchors)", async () => {

@@ -1,3 +1,4 @@
+import { xxh3 } from "@node-rs/xxhash";
 import sharp from "sharp";
 import { crc32, deflateSync } from "node:zlib";
 
@@ -31,7 +32,8 @@ export async function encodeRaw(
   }
 }
 
-function chunk(type: string, body: Uint8Array): Buffer {
+/** One PNG chunk: length, type, body, CRC. */
+export function pngChunk(type: string, body: Uint8Array): Buffer {
   const head = Buffer.alloc(8);
   head.writeUInt32BE(body.length, 0);
   head.write(type, 4, "latin1");
@@ -53,8 +55,19 @@ export function claimedPng(width: number, height: number, colorType = 2): Buffer
   const idat = deflateSync(Buffer.alloc(64 * 1024));
   return Buffer.concat([
     Buffer.from([0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a]),
-    chunk("IHDR", ihdr),
-    chunk("IDAT", idat),
-    chunk("IEND", new Uint8Array(0)),
+    pngChunk("IHDR", ihdr),
+    pngChunk("IDAT", idat),
+    pngChunk("IEND", new Uint8Array(0)),
   ]);
 }
+
+/** The spec's image hash rule (F.4), written out independently of src/media/hash.ts: rank, dims, dtype 0, bytes. */
+export function ruleHash(shape: number[], bytes: Uint8Array): bigint {
+  const head = Buffer.alloc(8 * (shape.length + 1) + 1);
+  head.writeBigUInt64LE(BigInt(shape.length), 0);
+  shape.forEach((d, i) => head.writeBigUInt64LE(BigInt(d), 8 * (i + 1)));
+  return xxh3.xxh64(Buffer.concat([head, Buffer.from(bytes)]), 0n);
+}
+
+/** Whether two byte arrays hold the same bytes. */
+export const sameBytes = (a: Uint8Array, b: Uint8Array): boolean => Buffer.from(a.buffer, a.byteOffset, a.length).equals(Buffer.from(b));

@@ -1,8 +1,7 @@
 import { expect } from "chai";
-import { xxh3 } from "@node-rs/xxhash";
 import sharp from "sharp";
 import { decodeImage, DEFAULT_MAX_ALLOC, type ImageDecoderLimits } from "../../src/media/image-decoder.js";
-import { encodeRaw, pattern } from "./fixtures.js";
+import { encodeRaw, pattern, ruleHash, sameBytes } from "./fixtures.js";
 import {
   ADOBE_RGB_PRIMARIES,
   gifWithIcc,
@@ -16,14 +15,7 @@ import {
 
 const LIMITS: ImageDecoderLimits = { maxImageWidth: null, maxImageHeight: null, maxAlloc: DEFAULT_MAX_ALLOC };
 
-function ruleHash(shape: number[], bytes: Uint8Array): bigint {
-  const head = Buffer.alloc(8 * (shape.length + 1) + 1);
-  head.writeBigUInt64LE(BigInt(shape.length), 0);
-  shape.forEach((d, i) => head.writeBigUInt64LE(BigInt(d), 8 * (i + 1)));
-  return xxh3.xxh64(Buffer.concat([head, Buffer.from(bytes)]), 0n);
-}
 
-const same = (a: Uint8Array, b: Uint8Array): boolean => Buffer.from(a.buffer, a.byteOffset, a.length).equals(Buffer.from(b));
 
 /** What sharp gives by default: pixels converted through the embedded profile. */
 async function sharpDefault(image: Buffer, channels: number): Promise<Buffer> {
@@ -62,7 +54,7 @@ describe("embedded colour profiles", () => {
         expect(meta.hasProfile, name).to.equal(true);
         expect(meta.icc!.equals(icc), name).to.equal(true);
         // The profile is real: sharp's default output differs from the stored pixels.
-        expect(same(await sharpDefault(png, channels), raw), name).to.equal(false);
+        expect(sameBytes(await sharpDefault(png, channels), raw), name).to.equal(false);
 
         const decoded = await decodeImage(png, LIMITS);
         expect(decoded.tensorInfo.shape, name).to.deep.equal([h, w, channels]);
@@ -70,7 +62,7 @@ describe("embedded colour profiles", () => {
           Image: { format: "Png", color_type: channels === 3 ? "Rgb8" : "Rgba8", layout: "HWC" },
         });
         expect(decoded.data.length).to.equal(w * h * channels);
-        expect(same(decoded.data, raw), name).to.equal(true);
+        expect(sameBytes(decoded.data, raw), name).to.equal(true);
         expect(decoded.contentHash, name).to.equal(ruleHash([h, w, channels], raw));
         // The same image without a profile decodes to the same tensor.
         expect((await decodeImage(plain, LIMITS)).contentHash).to.equal(decoded.contentHash);
@@ -85,12 +77,12 @@ describe("embedded colour profiles", () => {
         const meta = await sharp(webp).metadata();
         expect(meta.hasProfile, name).to.equal(true);
         expect(meta.format).to.equal("webp");
-        expect(same(await sharpDefault(webp, channels), raw), name).to.equal(false);
+        expect(sameBytes(await sharpDefault(webp, channels), raw), name).to.equal(false);
 
         const decoded = await decodeImage(webp, LIMITS);
         expect(decoded.tensorInfo.shape, name).to.deep.equal([h, w, channels]);
         expect((decoded.tensorInfo.metadata as { Image: { format: string } }).Image.format).to.equal("WebP");
-        expect(same(decoded.data, raw), name).to.equal(true);
+        expect(sameBytes(decoded.data, raw), name).to.equal(true);
         expect(decoded.contentHash, name).to.equal(ruleHash([h, w, channels], raw));
       }
     });
@@ -100,21 +92,21 @@ describe("embedded colour profiles", () => {
     const raw = pattern(w * h, 37, 11);
     const png = pngWithIcc(await encodeRaw(raw, w, h, 1, "png"), grey);
     expect((await sharp(png).metadata()).hasProfile).to.equal(true);
-    expect(same(await sharpDefault(png, 1), raw)).to.equal(false);
+    expect(sameBytes(await sharpDefault(png, 1), raw)).to.equal(false);
     const decoded = await decodeImage(png, LIMITS);
     expect(decoded.tensorInfo.shape).to.deep.equal([h, w, 1]);
     expect((decoded.tensorInfo.metadata as { Image: { color_type: string } }).Image.color_type).to.equal("L8");
-    expect(same(decoded.data, raw)).to.equal(true);
+    expect(sameBytes(decoded.data, raw)).to.equal(true);
     expect(decoded.contentHash).to.equal(ruleHash([h, w, 1], raw));
 
     const rgb = await decodeImage(png, LIMITS, { forceRgb: true });
-    expect(same(rgb.data, Uint8Array.from({ length: w * h * 3 }, (_, i) => raw[Math.floor(i / 3)]!))).to.equal(true);
+    expect(sameBytes(rgb.data, Uint8Array.from({ length: w * h * 3 }, (_, i) => raw[Math.floor(i / 3)]!))).to.equal(true);
 
     const la = pattern(w * h * 2, 29, 3);
     const laPng = pngWithIcc(await encodeRaw(la, w, h, 2, "png"), grey);
     const laDecoded = await decodeImage(laPng, LIMITS);
     expect(laDecoded.tensorInfo.shape).to.deep.equal([h, w, 2]);
-    expect(same(laDecoded.data, la)).to.equal(true);
+    expect(sameBytes(laDecoded.data, la)).to.equal(true);
   });
 
   it("ignores a profile in JPEG: the same decode with and without the APP2 segment", async () => {
@@ -124,9 +116,9 @@ describe("embedded colour profiles", () => {
     for (const [name, icc] of profiles()) {
       const jpeg = jpegWithIcc(plain, icc);
       expect((await sharp(jpeg).metadata()).hasProfile, name).to.equal(true);
-      expect(same(await sharpDefault(jpeg, 3), baseline.data), name).to.equal(false);
+      expect(sameBytes(await sharpDefault(jpeg, 3), baseline.data), name).to.equal(false);
       const decoded = await decodeImage(jpeg, LIMITS);
-      expect(same(decoded.data, baseline.data), name).to.equal(true);
+      expect(sameBytes(decoded.data, baseline.data), name).to.equal(true);
       expect(decoded.contentHash, name).to.equal(baseline.contentHash);
     }
   });
@@ -155,7 +147,7 @@ describe("embedded colour profiles", () => {
     const tiff = await sharp(png).keepIccProfile().tiff({ compression: "lzw" }).toBuffer();
     expect((await sharp(tiff).metadata()).icc!.equals(adobe)).to.equal(true);
     const t = await decodeImage(tiff, LIMITS);
-    expect(same(t.data, raw)).to.equal(true);
+    expect(sameBytes(t.data, raw)).to.equal(true);
     expect(t.contentHash).to.equal(ruleHash([h, w, 3], raw));
 
     const avif = await sharp(png).keepIccProfile().avif().toBuffer();
@@ -163,7 +155,7 @@ describe("embedded colour profiles", () => {
     const plainAvif = await encodeRaw(raw, w, h, 3, "avif");
     expect((await sharp(plainAvif).metadata()).hasProfile).to.equal(false);
     const a = await decodeImage(avif, LIMITS);
-    expect(same(a.data, (await decodeImage(plainAvif, LIMITS)).data)).to.equal(true);
+    expect(sameBytes(a.data, (await decodeImage(plainAvif, LIMITS)).data)).to.equal(true);
   });
 
   it("decodes GIF carrying an ICC application extension to its stored palette pixels", async () => {

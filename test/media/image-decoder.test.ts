@@ -1,21 +1,14 @@
 import { expect } from "chai";
-import { xxh3 } from "@node-rs/xxhash";
 import sharp from "sharp";
 import { decodeImage, DEFAULT_MAX_ALLOC, type ImageDecoderLimits } from "../../src/media/image-decoder.js";
 import { MediaError } from "../../src/media/errors.js";
 import { expectRejection } from "../support/index.js";
-import { claimedPng, encodeRaw, pattern } from "./fixtures.js";
+import { claimedPng, encodeRaw, pattern, ruleHash } from "./fixtures.js";
 
 const DEFAULT_LIMITS: ImageDecoderLimits = { maxImageWidth: null, maxImageHeight: null, maxAlloc: DEFAULT_MAX_ALLOC };
 
 const rejects = (promise: Promise<unknown>) => expectRejection(promise, { type: MediaError });
 
-function ruleHash(shape: number[], bytes: Uint8Array): bigint {
-  const head = Buffer.alloc(8 * (shape.length + 1) + 1);
-  head.writeBigUInt64LE(BigInt(shape.length), 0);
-  shape.forEach((d, i) => head.writeBigUInt64LE(BigInt(d), 8 * (i + 1)));
-  return xxh3.xxh64(Buffer.concat([head, Buffer.from(bytes)]), 0n);
-}
 
 describe("image decoder", () => {
   it("round-trips RGB PNG pixels exactly and hashes them by the canonical rule", async () => {
