@@ -1,6 +1,9 @@
 import { Command, InvalidArgumentError } from "commander";
 import { parseU64 } from "../kv/index.js";
-import { Cbi1Error, decode, encodeDelta, encodeSnapshotChunks, FilterFormat, MAX_BUCKET_COUNT, peekFormat, type BucketImage, type Cbi1Frame } from "./cbi1/index.js";
+import { toJson, type JsonValue } from "@bufbuild/protobuf";
+import { Cbi1FrameSchema, type Cbi1Frame as Cbi1FrameMessage } from "../../gen/mmgate/kvrelay/v1/cbi1_pb.js";
+import { Cbi1Error, encodeDelta, encodeSnapshotChunks, FilterFormat, MAX_BUCKET_COUNT, peekFormat, type BucketImage } from "./cbi1/index.js";
+import { frameToProto } from "./decoded/index.js";
 
 /** Where the cbi1 commands read and write; the process's streams by default. */
 export interface Cbi1CliIo {
@@ -66,37 +69,14 @@ async function readAll(input: AsyncIterable<string | Uint8Array> | Iterable<stri
   return text + decoder.decode();
 }
 
-/** A decoded frame as plain data: header and body, u64s as bigints (printed as decimal strings). */
-function describeFrame(frame: Cbi1Frame, length: number): Record<string, unknown> {
-  const h = frame.header;
-  const header = {
-    wireVersion: h.wireVersion,
-    flags: h.flags,
-    fingerprintBits: h.fingerprintBits,
-    slotsPerBucket: h.slotsPerBucket,
-    formatVersion: h.formatVersion,
-    seed: h.seed,
-    bucketCount: h.bucketCount,
-    dcId: h.dcId,
-    epoch: h.epoch,
-    checksum: h.checksum,
-  };
-  if (frame.kind === "delta") {
-    return { kind: "delta", bytes: length, header, baseEpoch: frame.baseEpoch, imageCount: frame.images.length, images: frame.images.toArray() };
-  }
-  // Through a DataView: `frame.words` is undefined when the bytes are not 8-aligned.
-  const view = new DataView(frame.wordBytes.buffer, frame.wordBytes.byteOffset, frame.wordBytes.byteLength);
-  const words = Array.from({ length: frame.wordCount }, (_, i) => view.getBigUint64(i * 8, true));
-  return {
-    kind: "snapshotChunk",
-    bytes: length,
-    header,
-    chunkIndex: frame.chunkIndex,
-    chunkCount: frame.chunkCount,
-    bucketOffset: frame.bucketOffset,
-    wordCount: frame.wordCount,
-    words,
-  };
+/**
+ * A frame as the protobuf JSON of mmgate.kvrelay.v1.Cbi1Frame (u64s as
+ * decimal strings, every field written, zeros included): the same JSON
+ * Cbi1Service.Decode answers through `buf curl` and `relay watch --decoded`
+ * prints.
+ */
+export function cbi1FrameJson(frame: Cbi1FrameMessage): JsonValue {
+  return toJson(Cbi1FrameSchema, frame, { alwaysEmitImplicit: true });
 }
 
 interface FormatOptions {
@@ -109,6 +89,7 @@ interface FormatOptions {
 interface DecodeOptions {
   seed?: bigint;
   buckets?: number;
+  sparse?: boolean;
 }
 
 /**
@@ -174,10 +155,14 @@ export function cbi1Command(io: Cbi1CliIo = { out: process.stdout, err: process.
 
   cbi1
     .command("decode")
-    .description("decode one hex frame and print its header and body as JSON; a refused frame prints its error (code, details) and exits 1")
+    .description(
+      "decode one hex frame and print it as the protobuf JSON of mmgate.kvrelay.v1.Cbi1Frame; a refused frame prints its error (code, details) and exits 1",
+    )
     .argument("[hex]", 'the frame as hex (whitespace ignored); "-" or none reads it from stdin')
     .option("--seed <u64>", "the expected filter seed (with --buckets; without both, the frame's own format is taken)", u64Option("--seed"))
     .option("--buckets <n>", "the expected bucket count (with --seed)", parseBuckets)
+    .option("--sparse", "a snapshot chunk's non-zero words only (SnapshotChunk.nonzero)")
+    .option("--json", "print the protobuf JSON of mmgate.kvrelay.v1.Cbi1Frame (the default, and the only form)")
     .action(async (hexArg: string | undefined, o: DecodeOptions) => {
       if ((o.seed === undefined) !== (o.buckets === undefined)) {
         fail("decode", "--seed and --buckets go together: give both to check the frame's format, or neither to take it from the frame");
@@ -192,7 +177,7 @@ export function cbi1Command(io: Cbi1CliIo = { out: process.stdout, err: process.
       }
       try {
         const format = o.seed !== undefined && o.buckets !== undefined ? new FilterFormat(o.seed, o.buckets) : peekFormat(frame);
-        io.out.write(`${json(describeFrame(decode(format, frame), frame.length))}\n`);
+        io.out.write(`${JSON.stringify(cbi1FrameJson(frameToProto(frame, { format, sparse: o.sparse === true })))}\n`);
       } catch (err) {
         if (!(err instanceof Cbi1Error)) throw err;
         const error = { code: err.code, ...(err.formatKind !== undefined ? { formatKind: err.formatKind } : {}), message: err.message, details: err.details };

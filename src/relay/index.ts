@@ -11,3 +11,4 @@ export * from "./consumer/index.js";
 export * from "./wire/index.js";
 export * from "./service/index.js";
 export * from "./nats/index.js";
+export * from "./decoded/index.js";

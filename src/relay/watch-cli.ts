@@ -5,7 +5,9 @@
  * terminal), then a status line per second with each pool's delta rate,
  * installed sequence and lag. `--json` prints every consumer event as a
  * JSON line instead (u64s as decimal strings; a catalog event also lists
- * the pools). `--once` exits 0 once every pool is ready.
+ * the pools). `--decoded` prints every update the mirror accepts, its
+ * payload as the protobuf JSON of Cbi1Frame. `--once` exits 0 once every
+ * pool is ready.
  *
  * Exit codes: 0 when --once saw every pool ready, when --timeout ended a
  * watch whose catalog stream was open, or on a clean end; 1 when the relay
@@ -18,7 +20,11 @@ import { Command, InvalidArgumentError, Option } from "commander";
 import { caOption, clientTransport, tlsOption } from "../rpc/index.js";
 import { hostPort } from "../server/index.js";
 import { MAX_TIMER_MS } from "../util/index.js";
+import { FilterUpdateKind, FilterUpdateKindSchema, type FilterUpdate } from "../../gen/dynamo/kvrelay/v1/relay_pb.js";
+import { FilterFormat } from "./cbi1/index.js";
+import { cbi1FrameJson } from "./cli.js";
 import { RelayConsumer, type ConsumerFailure, type PoolView, type RelayConsumerEvent } from "./consumer/index.js";
+import { frameToProto } from "./decoded/index.js";
 import { defaultSubscriberId } from "./router/index.js";
 import { checkSubscriberId, endpointName } from "./wire/index.js";
 
@@ -32,6 +38,7 @@ export interface WatchCliIo {
 }
 
 interface WatchOptions {
+  decoded?: boolean;
   tls?: boolean;
   ca?: string;
   json?: boolean;
@@ -64,6 +71,27 @@ function relayAddress(text: string): string {
   const parsed = hostPort.safeParse(text);
   if (!parsed.success) throw new InvalidArgumentError(parsed.error.issues[0]?.message ?? "expected HOST:PORT");
   return text;
+}
+
+/**
+ * One accepted update for --decoded: the pool, the update's kind and
+ * sequences, and its payload decoded (the mirror has already checked it).
+ */
+function decodedLine(pool: string, update: FilterUpdate): string {
+  const ckf = update.producer?.ckfFormat;
+  const frame =
+    update.kind === FilterUpdateKind.HEARTBEAT || ckf === undefined
+      ? undefined
+      : cbi1FrameJson(frameToProto(update.payload, { format: new FilterFormat(ckf.seed, Number(ckf.bucketCount)), sparse: true }));
+  return jsonLine({
+    pool,
+    // The enum value's proto name, as protobuf JSON writes it.
+    kind: FilterUpdateKindSchema.value[update.kind]?.name ?? String(update.kind),
+    baseSequence: update.baseSequence,
+    sequence: update.sequence,
+    sendTsUs: update.sendTsUs,
+    ...(frame === undefined ? {} : { frame }),
+  });
 }
 
 /** JSON with u64s (bigints) as decimal strings. */
@@ -166,6 +194,7 @@ class SnapshotBars {
 export async function watchRelay(addr: string, o: WatchOptions, io: WatchCliIo): Promise<number> {
   const transport = clientTransport({ addr, ...(o.tls !== undefined ? { tls: o.tls } : {}), ...(o.ca !== undefined ? { ca: o.ca } : {}) });
   const json = o.json === true;
+  const decoded = o.decoded === true;
   const bars = new SnapshotBars(io, !json && (io.progress ?? process.stderr.isTTY === true), io.outIsTerminal ?? process.stdout.isTTY === true);
   const controller = new AbortController();
   let outcome: { code: number; message?: string } | undefined;
@@ -192,9 +221,11 @@ export async function watchRelay(addr: string, o: WatchOptions, io: WatchCliIo):
     relay: addr,
     onEvent: (event) => {
       if (json) io.out.write(jsonLine(event.type === "catalog" ? { ...event, catalog: consumer.pools().map(describePool) } : event));
-      else human(event);
+      else if (!decoded) human(event);
       if (o.once === true) checkOnce();
     },
+    // --decoded: every accepted update as a JSON line, its payload as the protobuf JSON of Cbi1Frame.
+    ...(decoded ? { onUpdate: (pool: string, update: FilterUpdate) => io.out.write(decodedLine(pool, update)) } : {}),
   });
 
   const human = (event: RelayConsumerEvent) => {
@@ -310,7 +341,7 @@ export async function watchRelay(addr: string, o: WatchOptions, io: WatchCliIo):
 
   const timers: NodeJS.Timeout[] = [];
   if (o.timeout > 0) timers.push(setTimeout(timeoutEnd, o.timeout));
-  if (!json) timers.push(setInterval(status, STATUS_INTERVAL_MS));
+  if (!json && !decoded) timers.push(setInterval(status, STATUS_INTERVAL_MS));
   const onSigint = () => finish(INTERRUPTED);
   process.once("SIGINT", onSigint);
   try {
@@ -333,6 +364,10 @@ export function relayWatchCommand(io: WatchCliIo = { out: process.stdout, err: p
     .addOption(tlsOption())
     .addOption(caOption())
     .option("--json", "print every consumer event as a JSON line (u64s as decimal strings)")
+    .option(
+      "--decoded",
+      "print every update the mirror accepts as a JSON line: pool, kind, sequences and the CBI1 payload as the protobuf JSON of mmgate.kvrelay.v1.Cbi1Frame (snapshot chunks as their non-zero words)",
+    )
     .option("--once", "exit once every pool is ready (0), or when one is quarantined (1)")
     .addOption(new Option("--timeout <ms>", "stop after this long (0: never); exit 1 if the relay was unreachable, or with --once if a pool is not ready").default(0).argParser(milliseconds))
     .addOption(new Option("--subscriber-id <id>", "subscriber_id of the requests (default mmgate-relay-watch-<hostname>)").argParser(subscriberIdArg))

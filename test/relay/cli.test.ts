@@ -24,25 +24,31 @@ async function cbi1(args: string[], stdin: string[] = []): Promise<{ out: string
 
 const hex = (bytes: Uint8Array) => Buffer.from(bytes).toString("hex");
 
-/** The spec's delta vector as the decoder prints it (format 0x5EED/1024, dc 7, base 4, epoch 5). */
+/** The spec's delta vector as the decoder prints it: the protobuf JSON of Cbi1Frame (format 0x5EED/1024, dc 7, base 4, epoch 5). */
 const VECTOR = {
-  kind: "delta",
-  bytes: 84,
-  header: { wireVersion: 1, flags: 2, fingerprintBits: 16, slotsPerBucket: 4, formatVersion: 1, seed: String(0x5eed), bucketCount: 1024, dcId: "7", epoch: "5" },
-  baseEpoch: "4",
-  imageCount: 2,
-  images: [
-    { bucket: 3, value: String(0xaaaa_bbbb_cccc_ddddn) },
-    { bucket: 1000, value: "42" },
-  ],
+  wireVersion: 1,
+  flags: "CBI1_FLAGS_DELTA",
+  fingerprintBits: 16,
+  slotsPerBucket: 4,
+  formatVersion: 1,
+  seed: String(0x5eed),
+  bucketCount: "1024",
+  dcId: "7",
+  epoch: "5",
+  delta: {
+    baseEpoch: "4",
+    images: [
+      { bucket: 3, value: String(0xaaaa_bbbb_cccc_ddddn) },
+      { bucket: 1000, value: "42" },
+    ],
+  },
 };
 const DELTA_ARGS = ["encode-delta", "--seed", "0x5EED", "--buckets", "1024", "--dc", "7", "--base", "4", "--epoch", "5", "3:0xAAAABBBBCCCCDDDD", "1000:42"];
 
 /** The decoded JSON without the header's checksum (checked separately where it matters). */
 function withoutChecksum(out: string): unknown {
-  const parsed = JSON.parse(out) as { header: Record<string, unknown> };
-  const { checksum: _checksum, ...header } = parsed.header;
-  return { ...parsed, header };
+  const { checksum: _checksum, ...rest } = JSON.parse(out) as Record<string, unknown>;
+  return rest;
 }
 
 describe("mmgate cbi1", () => {
@@ -78,8 +84,24 @@ describe("mmgate cbi1", () => {
     const decoded = await cbi1(["decode", "--seed", "9", "--buckets", "4", lines[0]!]);
     expect(decoded.code).to.equal(0);
     const parsed = JSON.parse(decoded.out) as Record<string, unknown>;
-    expect(parsed).to.deep.include({ kind: "snapshotChunk", bytes: 64 + 32, chunkIndex: 0, chunkCount: 1, bucketOffset: 0, wordCount: 4, words: ["11", "22", "0", "18446744073709551615"] });
-    expect(parsed.header).to.deep.include({ flags: 1, seed: "9", bucketCount: 4, dcId: "1", epoch: "2" });
+    expect(parsed.snapshotChunk).to.deep.equal({
+      chunkIndex: 0,
+      chunkCount: 1,
+      bucketOffset: "0",
+      wordCount: 4,
+      words: ["11", "22", "0", "18446744073709551615"],
+      nonzero: [],
+      sparse: false,
+    });
+    expect(parsed).to.deep.include({ flags: "CBI1_FLAGS_SNAPSHOT_CHUNK", seed: "9", bucketCount: "4", dcId: "1", epoch: "2" });
+    // --sparse lists the non-zero words by bucket.
+    const sparse = JSON.parse((await cbi1(["decode", "--sparse", lines[0]!])).out) as { snapshotChunk: { nonzero: unknown[]; words: unknown[] } };
+    expect(sparse.snapshotChunk.nonzero).to.deep.equal([
+      { bucket: 0, value: "11" },
+      { bucket: 1, value: "22" },
+      { bucket: 3, value: "18446744073709551615" },
+    ]);
+    expect(sparse.snapshotChunk.words).to.deep.equal([]);
   });
 
   it("a corrupted byte prints the Checksum error as JSON and as a line, and exits 1", async () => {
@@ -114,8 +136,8 @@ describe("mmgate cbi1", () => {
   it("encode-delta with no images is an empty delta", async () => {
     const { out, code } = await cbi1(["encode-delta", "--seed", "1", "--buckets", "2", "--dc", "0", "--base", "0", "--epoch", "1"]);
     expect(code).to.equal(0);
-    const decoded = JSON.parse((await cbi1(["decode", out.trim()])).out) as { imageCount: number; images: unknown[] };
-    expect(decoded).to.deep.include({ imageCount: 0, images: [] });
+    const decoded = JSON.parse((await cbi1(["decode", "--json", out.trim()])).out) as { delta: unknown };
+    expect(decoded.delta).to.deep.equal({ baseEpoch: "0", images: [] });
   });
 
   const base = ["--seed", "1", "--buckets", "8", "--dc", "0", "--epoch", "1"];

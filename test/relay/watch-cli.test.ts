@@ -40,6 +40,25 @@ describe("mmgate relay watch", function () {
   });
   after(() => relay?.close());
 
+  it("--decoded --once prints each accepted snapshot chunk as the protobuf JSON of Cbi1Frame, the pool's words as its non-zero buckets", async () => {
+    const res = await runMmgate(["relay", "watch", relay.addr, "--once", "--decoded", "--timeout", "5000"]);
+    expect(res.code, res.stderr).to.equal(0);
+    const lines = res.stdout
+      .trim()
+      .split("\n")
+      .map((l) => JSON.parse(l) as { pool: string; kind: string; sequence: string; frame: { flags: string; snapshotChunk: { chunkCount: number; nonzero: { bucket: number; value: string }[] } } });
+    const small = lines.filter((l) => l.pool === keys.small);
+    const large = lines.filter((l) => l.pool === keys.large);
+    expect(small.map((l) => l.kind)).to.deep.equal(["FILTER_UPDATE_KIND_SNAPSHOT_CHUNK"]);
+    expect(large.map((l) => l.frame.snapshotChunk.chunkCount)).to.deep.equal([2, 2]);
+    expect(small[0]!.frame.flags).to.equal("CBI1_FLAGS_SNAPSHOT_CHUNK");
+    // The chunk's non-zero words are the producer's: every one of them, nothing else.
+    const words = relay.relay.pool("small")!.words();
+    const nonzero = [...words.entries()].filter(([, w]) => w !== 0n).map(([bucket, w]) => ({ bucket, value: w.toString() }));
+    expect(nonzero.length).to.be.greaterThan(0);
+    expect(small[0]!.frame.snapshotChunk.nonzero).to.deep.equal(nonzero);
+  });
+
   it("--once --json prints the catalog, snapshot progress and ready events as JSON lines, and exits 0 once every pool is ready", async () => {
     const res = await runMmgate(["relay", "watch", relay.addr, "--once", "--json", "--timeout", "5000"]);
     expect(res.code, res.stderr).to.equal(0);

@@ -53,6 +53,12 @@ export interface RelayConsumerOptions {
   readonly backoff?: Partial<BackoffOptions>;
   /** Called with every event; an exception it throws is ignored. */
   readonly onEvent?: RelayConsumerListener;
+  /**
+   * Called with every update a pool's mirror accepted (snapshot chunks,
+   * deltas, heartbeats), after it was applied; for tools that show the
+   * frames themselves. An exception it throws is ignored.
+   */
+  readonly onUpdate?: (pool: string, update: FilterUpdate) => void;
   /** The local clock of views and events (ms, default Date.now). */
   readonly now?: () => number;
   /** The jitter source, [0, 1) (default Math.random). */
@@ -102,6 +108,7 @@ export class RelayConsumer {
   private readonly now: () => number;
   private readonly random: () => number;
   private readonly listeners = new Set<RelayConsumerListener>();
+  private readonly updateListener: ((pool: string, update: FilterUpdate) => void) | undefined;
   private readonly replicas = new Map<string, Replica>();
   private readonly loops = new Set<Promise<void>>();
   private running = false;
@@ -121,6 +128,7 @@ export class RelayConsumer {
     this.now = options.now ?? Date.now;
     this.random = options.random ?? Math.random;
     if (options.onEvent !== undefined) this.listeners.add(options.onEvent);
+    this.updateListener = options.onUpdate;
   }
 
   /** Adds a listener for every event; returns its removal. */
@@ -390,6 +398,13 @@ export class RelayConsumer {
   private onUpdate(replica: Replica, mirror: LaneMirror, update: FilterUpdate): void {
     const step = mirror.apply(update);
     const pool = replica.key;
+    if (this.updateListener !== undefined) {
+      try {
+        this.updateListener(pool, update);
+      } catch {
+        // The listener's failure is its own.
+      }
+    }
     switch (step.kind) {
       case "chunk":
         replica.state = "assembling";

@@ -7,6 +7,9 @@
 import { Code, ConnectError } from "@connectrpc/connect";
 import { KvEventRelay } from "../../../gen/dynamo/kvrelay/v1/relay_pb.js";
 import { KvEventService } from "../../../gen/mmgate/kvevents/v1/kvevents_pb.js";
+import { Cbi1Service, DecodedRelayService } from "../../../gen/mmgate/kvrelay/v1/cbi1_pb.js";
+import { Cbi1Error } from "../cbi1/index.js";
+import { cbi1ErrorToConnect, cbi1Service, decodedRelayService } from "../decoded/index.js";
 import { bindService, defineModule } from "../../server/index.js";
 import { NatsEventSource } from "../nats/index.js";
 import { RelayError } from "../wire/index.js";
@@ -27,6 +30,7 @@ const INGEST_CODES: Record<IngestErrorCode, Code> = {
 function relayErrorToConnect(error: unknown): ConnectError | undefined {
   if (error instanceof RelayError) return error.toConnectError();
   if (error instanceof IngestError) return new ConnectError(error.message, INGEST_CODES[error.code], undefined, undefined, error);
+  if (error instanceof Cbi1Error) return cbi1ErrorToConnect(error);
   return undefined;
 }
 
@@ -37,7 +41,8 @@ export interface RelayModuleExports {
 
 export const relayModule = defineModule({
   name: "relay",
-  description: "KV event relay: dynamo.kvrelay.v1.KvEventRelay (pool catalog, CBI1 filter streams, readiness, load) and mmgate.kvevents.v1.KvEventService ingest",
+  description:
+    "KV event relay: dynamo.kvrelay.v1.KvEventRelay (pool catalog, CBI1 filter streams, readiness, load), mmgate.kvevents.v1.KvEventService ingest, and CBI1 as protobuf (mmgate.kvrelay.v1.Cbi1Service, DecodedRelayService)",
   configSchema: relayConfigSchema.prefault({}),
   env: RELAY_ENV,
   mapError: relayErrorToConnect,
@@ -60,10 +65,14 @@ export const relayModule = defineModule({
       { pools: relay.allPools().map((p) => ({ name: p.name, buckets: p.producer.format.bucketCount, layoutGeneration: String(p.producer.layoutGeneration) })) },
       "relay pools ready",
     );
+    const relayImpl = relayService({ relay, metrics, drainSignal: ctx.drainSignal });
     return {
       services: [
-        bindService(KvEventRelay, relayService({ relay, metrics, drainSignal: ctx.drainSignal })),
+        bindService(KvEventRelay, relayImpl),
         bindService(KvEventService, ingestService({ relay, metrics })),
+        // CBI1 as protobuf, beside the wire-compatible contract: single frames, and the pool streams decoded.
+        bindService(Cbi1Service, cbi1Service()),
+        bindService(DecodedRelayService, decodedRelayService(relayImpl)),
       ],
       exports: { relay } satisfies RelayModuleExports,
       start() {

@@ -10,7 +10,7 @@ import {
 import { KvEventService, PublishRequestSchema, type RouterEvent as WireRouterEvent } from "../../../gen/mmgate/kvevents/v1/kvevents_pb.js";
 import { producerToWire, RELAY_CONTRACT_MARKER, relayReasonOf } from "../../../src/relay/index.js";
 import { connectErrorOf, eventually, grpcServerStream, grpcUnary, type GrpcClient } from "../../support/index.js";
-import { chain, removed, startRelay, stored, TestMirror, type RelayServer, type UpdateView } from "./support.js";
+import { chain, grpcProducer, removed, startRelay, stored, TestMirror, type RelayServer, type UpdateView } from "./support.js";
 
 const MARKER = RELAY_CONTRACT_MARKER;
 const EIGHT_MIB = 8 * 1024 * 1024;
@@ -216,7 +216,7 @@ describe("relay service (KvEventRelay over the network)", function () {
       server = await startRelay({ pools: [{ name: "default", expectedBlocks: 4096 }], publicationQueueCapacity: 2, publicationThreshold: 1 });
       const pool = server.relay.pool("default")!;
       const client = server.grpcClient("dynamo/kvrelay/v1/relay.proto", "dynamo.kvrelay.v1.KvEventRelay", { "grpc.max_receive_message_length": EIGHT_MIB });
-      const expected = producerToWireForGrpc(pool);
+      const expected = grpcProducer(pool);
       const call = (client["SubscribeKvPool"] as (r: unknown) => grpc.ClientReadableStream<GrpcUpdate>)({ subscriberId: "slow", expectedProducer: expected, contractMarker: MARKER });
       const got: GrpcUpdate[] = [];
       const ended = new Promise<grpc.ServiceError>((resolve) => call.on("error", resolve));
@@ -289,21 +289,3 @@ describe("relay service (KvEventRelay over the network)", function () {
   });
 });
 
-/** The pool's producer in proto-loader's object shape (longs as strings, bytes as Buffers, enums as names). */
-function producerToWireForGrpc(pool: { producer: Parameters<typeof producerToWire>[0] }): unknown {
-  const p = pool.producer;
-  const digest = (d: { digest: Uint8Array; source: string }) => ({
-    digest: Buffer.from(d.digest),
-    source: d.source === "Explicit" ? "IDENTITY_SOURCE_EXPLICIT" : "IDENTITY_SOURCE_DEFAULT_DERIVED",
-  });
-  return {
-    poolId: {
-      identityVersion: 1,
-      indexerDomain: { cacheSemantics: digest(p.poolId.indexerDomain.cacheSemantics), routingScope: digest(p.poolId.indexerDomain.routingScope) },
-      dcId: p.poolId.dcId.toString(),
-    },
-    producerIncarnation: p.producerIncarnation.toString(),
-    layoutGeneration: p.layoutGeneration.toString(),
-    ckfFormat: { formatVersion: 1, seed: p.format.seed.toString(), bucketCount: String(p.format.bucketCount), fingerprintBits: 16, slotsPerBucket: 4 },
-  };
-}

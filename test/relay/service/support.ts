@@ -6,6 +6,7 @@
 import { create } from "@bufbuild/protobuf";
 import { z } from "zod";
 import { type RouterEvent as WireRouterEvent, RouterEventSchema } from "../../../gen/mmgate/kvevents/v1/kvevents_pb.js";
+import type { ProducerIdentity } from "../../../src/kv/index.js";
 import { decode, FilterFormat, SnapshotAssembly } from "../../../src/relay/index.js";
 import { relayModule, type Relay } from "../../../src/relay/index.js";
 import { defineModule, redactedConfig, type MmgateConfig } from "../../../src/server/index.js";
@@ -121,4 +122,23 @@ export class TestMirror {
 /** The config as `serve --print-config` prints it (u64s as decimal strings). */
 export function printedConfig(config: MmgateConfig): unknown {
   return JSON.parse(JSON.stringify(redactedConfig(config), (_k, v: unknown) => (typeof v === "bigint" ? v.toString() : v)));
+}
+
+/** The pool's producer in proto-loader's object shape (longs as strings, bytes as Buffers, enums as names). */
+export function grpcProducer(pool: { producer: ProducerIdentity }): unknown {
+  const p = pool.producer;
+  const digest = (d: { digest: Uint8Array; source: string }) => ({
+    digest: Buffer.from(d.digest),
+    source: d.source === "Explicit" ? "IDENTITY_SOURCE_EXPLICIT" : "IDENTITY_SOURCE_DEFAULT_DERIVED",
+  });
+  return {
+    poolId: {
+      identityVersion: 1,
+      indexerDomain: { cacheSemantics: digest(p.poolId.indexerDomain.cacheSemantics), routingScope: digest(p.poolId.indexerDomain.routingScope) },
+      dcId: p.poolId.dcId.toString(),
+    },
+    producerIncarnation: p.producerIncarnation.toString(),
+    layoutGeneration: p.layoutGeneration.toString(),
+    ckfFormat: { formatVersion: 1, seed: p.format.seed.toString(), bucketCount: String(p.format.bucketCount), fingerprintBits: 16, slotsPerBucket: 4 },
+  };
 }
