@@ -32,6 +32,49 @@ describe("images: errors", () => {
     for (const path of named) expect(isConfigKey(config, path), path).to.equal(true);
   });
 
+  it("never makes an unknown outcome retryable, however the error is built", () => {
+    const unknown = new ImageError("upstream", "m", { retryable: true, details: { outcome: "unknown" } });
+    expect(unknown.retryable).to.equal(false);
+    expect(unknown.withRetryable(true).retryable).to.equal(false);
+    expect(new ImageError("timeout", "m", { retryable: true }).withDetail("outcome", "unknown").retryable).to.equal(false);
+    // A known outcome keeps what the builder said.
+    expect(new ImageError("upstream", "m", { retryable: true, details: { outcome: "completed_unreplayable" } }).retryable).to.equal(true);
+    expect(new ImageError("overloaded", "m", { retryable: true }).retryable).to.equal(true);
+  });
+
+  it("freezes the details, so nothing can change an error after it is built", () => {
+    const error = new ImageError("upstream", "m", { retryable: true });
+    expect(() => {
+      (error.details as Record<string, unknown>)["outcome"] = "unknown";
+    }).to.throw(TypeError);
+    expect(error.retryable).to.equal(true);
+  });
+
+  it("gives every safety refusal its four safety details, and never makes it retryable", () => {
+    const bare = new ImageError("safety_rejected", "refused", { retryable: true });
+    expect(bare.retryable).to.equal(false);
+    expect(bare.details).to.deep.equal({
+      safety_category: "content_policy",
+      recovery: "revise_prompt_or_inputs",
+      retry_same_request: false,
+      safety_controls_relaxed: false,
+    });
+    // A provider may name a finer category and recovery; the two flags are not its to set.
+    const refined = new ImageError("safety_rejected", "refused", {
+      details: { safety_category: "input_image", recovery: "replace_input_image", retry_same_request: true, safety_controls_relaxed: true, upstream_code: "x" },
+    });
+    expect(refined.details).to.deep.equal({
+      safety_category: "input_image",
+      recovery: "replace_input_image",
+      retry_same_request: false,
+      safety_controls_relaxed: false,
+      upstream_code: "x",
+    });
+    expect(refined.withDetail("retry_same_request", true).details["retry_same_request"]).to.equal(false);
+    // Other codes get no safety details.
+    expect(new ImageError("invalid_request", "m").details).to.deep.equal({});
+  });
+
   it("keeps what was thrown as the cause of an internal error, out of its text", () => {
     const bug = new TypeError("x is undefined");
     const error = toImageError(bug);

@@ -8,6 +8,7 @@ import type { ProviderContext } from "../../src/images/core/provider.js";
 import { DEFAULT_REQUEST_LIMITS } from "../../src/images/core/validation.js";
 import { OutputFanoutProvider } from "../../src/images/fanout/provider.js";
 import { OpenAiImageProvider, parseRetryAfter } from "../../src/images/providers/openai.js";
+import { breakerVerdictOf } from "../../src/images/core/errors.js";
 import { createClient } from "@connectrpc/connect";
 import { ImageService } from "../../gen/mmgate/images/v1/image_service_pb.js";
 import { imagesModule } from "../../src/images/index.js";
@@ -178,6 +179,79 @@ describe("images: OpenAI-compatible provider against a local fake upstream", fun
       expect(JSON.stringify(error.toJSON())).to.not.include(KEY);
     });
   }
+
+  // One classifier for both paths: the same upstream error object, as an HTTP body or as an SSE `error`
+  // event, gives the same code. Safety is decided by the upstream code, never by the error type.
+  const SAFETY = { safety_category: "content_policy", recovery: "revise_prompt_or_inputs", retry_same_request: false, safety_controls_relaxed: false };
+  const shared: [string, number, Record<string, unknown>, string, boolean, Record<string, unknown>][] = [
+    ["moderation_blocked", 400, { type: "image_generation_user_error", code: "moderation_blocked", message: "blocked" }, "safety_rejected", false, SAFETY],
+    ["content_policy_violation", 400, { type: "invalid_request_error", code: "content_policy_violation", message: "nope" }, "safety_rejected", false, SAFETY],
+    ["Azure content_filter", 400, { code: "content_filter", message: "filtered" }, "safety_rejected", false, SAFETY],
+    ["a user error that is not a refusal", 400, { type: "image_generation_user_error", code: "invalid_value", message: "bad size" }, "invalid_request", false, {}],
+    ["a user error without a code", 400, { type: "image_generation_user_error", message: "bad" }, "invalid_request", false, {}],
+    ["an exhausted quota", 429, { type: "insufficient_quota", code: "insufficient_quota", message: "quota" }, "rate_limited", false, {}],
+    ["a rate limit", 429, { type: "rate_limit_error", code: "rate_limit_exceeded", message: "slow" }, "rate_limited", true, {}],
+    ["a bad key", 401, { type: "invalid_request_error", code: "invalid_api_key", message: "key" }, "authentication", false, {}],
+    ["a server error", 500, { type: "server_error", code: "server_error", message: "boom" }, "upstream", true, {}],
+  ];
+  for (const [name, status, upstream, code, retryable, details] of shared) {
+    it(`maps ${name} to ${code} over HTTP and inside a stream alike`, async () => {
+      handler = (_req, res) => json(res, status, { error: upstream }, { "x-request-id": "up-2" });
+      const http = await rejection(provider().execute(request(), context()));
+      handler = (_req, res) => {
+        res.writeHead(200, { "content-type": "text/event-stream", "x-request-id": "up-2" });
+        res.write(`event: error\ndata: ${JSON.stringify({ type: "error", error: upstream })}\n\n`);
+        res.end();
+      };
+      const stream = await rejection(provider().execute(request({ parameters: { partialImages: 1 } }), context([])));
+      for (const error of [http, stream]) {
+        expect([error.code, error.retryable, error.provider, error.upstreamRequestId]).to.deep.equal([code, retryable, "oai", "up-2"]);
+        expect(error.details).to.deep.include({ ...details, upstream_message: upstream["message"] });
+        if (upstream["code"] === undefined) expect(error.details).to.not.have.property("upstream_code");
+        else expect(error.details["upstream_code"]).to.equal(upstream["code"]);
+        expect(error.message).to.include(upstream["message"] as string);
+        expect(breakerVerdictOf(error)).to.equal(code === "rate_limited" || code === "upstream" ? "failure" : "neutral");
+      }
+    });
+  }
+
+  it("maps a safety refusal after partial previews to safety_rejected, with the upstream code and message", async () => {
+    const partial = await pngBase64(9);
+    handler = (_req, res) => {
+      res.writeHead(200, { "content-type": "text/event-stream" });
+      res.write(`event: image_generation.partial_image\ndata: ${JSON.stringify({ type: "image_generation.partial_image", b64_json: partial, partial_image_index: 0 })}\n\n`);
+      // The flat shape some compatible servers send: code and message at the top level.
+      res.write(`event: error\ndata: ${JSON.stringify({ type: "error", code: "moderation_blocked", message: "Your request was rejected by the safety system." })}\n\n`);
+      res.end();
+    };
+    const events: ProviderEvent[] = [];
+    const error = await rejection(provider().execute(request({ parameters: { partialImages: 2 } }), context(events)));
+    expect(events).to.have.length(1);
+    expect([error.code, error.retryable]).to.deep.equal(["safety_rejected", false]);
+    expect(error.details).to.deep.include({ ...SAFETY, upstream_code: "moderation_blocked", upstream_message: "Your request was rejected by the safety system." });
+    expect(error.details).to.not.have.property("upstream_type");
+    expect(breakerVerdictOf(error)).to.equal("neutral");
+  });
+
+  it("forwards only the partial previews the request asked for", async () => {
+    const partial = await pngBase64(9);
+    const final = await pngBase64(200);
+    handler = (_req, res) => {
+      res.writeHead(200, { "content-type": "text/event-stream" });
+      for (const index of [0, 1, 2, 7, -1]) {
+        res.write(`event: image_generation.partial_image\ndata: ${JSON.stringify({ type: "image_generation.partial_image", b64_json: partial, partial_image_index: index })}\n\n`);
+      }
+      res.write(`event: image_generation.completed\ndata: ${JSON.stringify({ type: "image_generation.completed", b64_json: final })}\n\n`);
+      res.end();
+    };
+    const events: ProviderEvent[] = [];
+    const response = await provider().execute(request({ parameters: { partialImages: 2 } }), context(events));
+    expect(events.map((e) => (e.type === "partial_image" ? [e.index, e.partialIndex] : e.type))).to.deep.equal([
+      [0, 0],
+      [0, 1],
+    ]);
+    expect(response.data).to.have.length(1);
+  });
 
   it("parses Retry-After as seconds or a date", () => {
     expect(parseRetryAfter("3")).to.equal(3000);

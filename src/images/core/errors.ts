@@ -59,8 +59,47 @@ export interface ImageErrorInit {
 }
 
 /**
- * The public, redaction-safe error of the image API. Instances are treated
- * as values: the `with*` methods return changed copies.
+ * The details every `safety_rejected` error carries. The category and the
+ * recovery hint are defaults a provider may refine; the two flags are fixed:
+ * the unchanged request is refused again, and no safety control was relaxed.
+ */
+export const SAFETY_DETAIL_DEFAULTS: Readonly<Record<string, JsonValue>> = {
+  safety_category: "content_policy",
+  recovery: "revise_prompt_or_inputs",
+};
+const SAFETY_DETAIL_FIXED: Readonly<Record<string, JsonValue>> = {
+  retry_same_request: false,
+  safety_controls_relaxed: false,
+};
+
+/** The details as constructed: safety refusals get their four safety details. */
+function detailsFor(code: ErrorCode, details: Record<string, JsonValue> | undefined): Record<string, JsonValue> {
+  const out: Record<string, JsonValue> = { ...details };
+  if (code === "safety_rejected") {
+    for (const [key, value] of Object.entries(SAFETY_DETAIL_DEFAULTS)) {
+      if (typeof out[key] !== "string" || out[key] === "") out[key] = value;
+    }
+    Object.assign(out, SAFETY_DETAIL_FIXED);
+  }
+  return out;
+}
+
+/**
+ * Whether a retry of the unchanged request may succeed. Never for an unknown
+ * outcome (the provider may have produced images) or a safety refusal (it
+ * is refused again), whatever the provider said.
+ */
+function retryableFor(code: ErrorCode, requested: boolean, details: Readonly<Record<string, JsonValue>>): boolean {
+  if (code === "safety_rejected" || details["outcome"] === "unknown") return false;
+  return requested;
+}
+
+/**
+ * The public, redaction-safe error of the image API. Instances are values:
+ * `details` is frozen and the `with*` methods return changed copies. The
+ * invariants of the contract hold for every error, whoever builds it: an
+ * unknown outcome or a safety refusal is never retryable, and a safety
+ * refusal always carries its safety details.
  */
 export class ImageError extends Error {
   readonly code: ErrorCode;
@@ -74,10 +113,10 @@ export class ImageError extends Error {
     super(message, init.cause === undefined ? undefined : { cause: init.cause });
     this.name = "ImageError";
     this.code = code;
-    this.retryable = init.retryable ?? false;
     this.provider = init.provider;
     this.upstreamRequestId = init.upstreamRequestId;
-    this.details = { ...init.details };
+    this.details = Object.freeze(detailsFor(code, init.details));
+    this.retryable = retryableFor(code, init.retryable ?? false, this.details);
     this.suggestions = init.suggestions ?? DEFAULT_SUGGESTIONS[code];
   }
 

@@ -17,8 +17,6 @@ import type { ImageProvider, ProviderContext } from "../core/provider.js";
 
 const OPENAI_PROVIDER_VERSION = "1.0.0";
 const GENERATIONS_PATH = "/v1/images/generations";
-/** Upstream error codes that mean a safety system refused. */
-const SAFETY_CODES = new Set(["moderation_blocked", "content_policy_violation", "content_filter"]);
 const MAX_ERROR_BODY_BYTES = 64 * 1024;
 
 interface UpstreamImage {
@@ -37,10 +35,6 @@ interface UpstreamBody {
   usage?: UpstreamUsage;
 }
 
-interface UpstreamErrorBody {
-  error?: { message?: string; type?: string; code?: string | null; param?: string | null };
-}
-
 /** Retry-After in milliseconds: delta seconds or an HTTP date. */
 export function parseRetryAfter(value: string | null, now = Date.now()): number | undefined {
   if (value === null || value.trim() === "") return undefined;
@@ -49,43 +43,121 @@ export function parseRetryAfter(value: string | null, now = Date.now()): number 
   return Number.isNaN(at) ? undefined : Math.max(0, at - now);
 }
 
-/** The ImageError for an unsuccessful upstream HTTP response. */
-function upstreamHttpError(provider: string, status: number, headers: Headers, body: UpstreamErrorBody | undefined): ImageError {
-  const upstream = body?.error;
-  const upstreamCode = upstream?.code ?? undefined;
-  const upstreamRequestId = headers.get("x-request-id") ?? undefined;
-  const details: Record<string, string | number | boolean> = { http_status: status };
-  if (upstreamCode) details["upstream_code"] = upstreamCode;
-  if (upstream?.param) details["field"] = upstream.param;
-  const init = (code: ErrorCode, retryable: boolean) => ({
-    retryable,
+/**
+ * Upstream error codes that mean a safety system refused: `moderation_blocked`
+ * (GPT Image), `content_policy_violation` (DALL·E and compatible gateways),
+ * `content_filter` (Azure OpenAI). Compared case-insensitively.
+ */
+const SAFETY_CODES: ReadonlySet<string> = new Set(["moderation_blocked", "content_policy_violation", "content_filter"]);
+
+/** What an upstream code says, when it says more than the status. */
+const CODE_VERDICTS: Readonly<Record<string, { code: ErrorCode; retryable: boolean; message: string }>> = {
+  rate_limit_exceeded: { code: "rate_limited", retryable: true, message: "the provider rate-limited the request" },
+  insufficient_quota: { code: "rate_limited", retryable: false, message: "the provider's quota is exhausted" },
+  billing_hard_limit_reached: { code: "rate_limited", retryable: false, message: "the provider's billing limit is reached" },
+  invalid_api_key: { code: "authentication", retryable: false, message: "the provider rejected the API key" },
+  model_not_found: { code: "configuration", retryable: false, message: "the provider does not know this model" },
+  server_error: { code: "upstream", retryable: true, message: "the provider failed" },
+};
+
+/** What an upstream error `type` says, for stream errors that carry no status. */
+const TYPE_VERDICTS: Readonly<Record<string, { code: ErrorCode; retryable: boolean; message: string }>> = {
+  invalid_request_error: { code: "invalid_request", retryable: false, message: "the provider rejected the request" },
+  image_generation_user_error: { code: "invalid_request", retryable: false, message: "the provider rejected the request" },
+  authentication_error: { code: "authentication", retryable: false, message: "the provider rejected the API key" },
+  permission_error: { code: "permission_denied", retryable: false, message: "the provider denied the request" },
+  permission_denied_error: { code: "permission_denied", retryable: false, message: "the provider denied the request" },
+  rate_limit_error: { code: "rate_limited", retryable: true, message: "the provider rate-limited the request" },
+  server_error: { code: "upstream", retryable: true, message: "the provider failed" },
+  api_error: { code: "upstream", retryable: true, message: "the provider failed" },
+};
+
+/** An upstream error, from an unsuccessful HTTP response or an SSE `error` event. */
+export interface UpstreamFailure {
+  /** The HTTP status; absent for an error inside a stream. */
+  readonly status?: number;
+  readonly type?: string | undefined;
+  readonly code?: string | undefined;
+  readonly message?: string | undefined;
+  readonly param?: string | undefined;
+  readonly retryAfterMs?: number | undefined;
+  readonly upstreamRequestId?: string | undefined;
+}
+
+/** The verdict for an upstream failure without the safety case: code first, then status, then type. */
+function verdictOf(failure: UpstreamFailure): { code: ErrorCode; retryable: boolean; message: string } {
+  const byCode = failure.code === undefined ? undefined : CODE_VERDICTS[failure.code.toLowerCase()];
+  if (byCode) return byCode;
+  const status = failure.status;
+  if (status !== undefined) {
+    if (status === 429) return { code: "rate_limited", retryable: true, message: "the provider rate-limited the request" };
+    if (status === 401) return { code: "authentication", retryable: false, message: "the provider rejected the API key" };
+    if (status === 403) return { code: "permission_denied", retryable: false, message: "the provider denied the request" };
+    if (status === 404) return { code: "configuration", retryable: false, message: "the provider does not know this model or endpoint" };
+    if (status === 408 || status === 504) return { code: "timeout", retryable: true, message: "the provider timed out" };
+    if (status >= 500) return { code: "upstream", retryable: status !== 501, message: "the provider failed" };
+    if (status === 400 || status === 422) return { code: "invalid_request", retryable: false, message: "the provider rejected the request" };
+    return { code: "upstream", retryable: false, message: "the provider returned an unexpected status" };
+  }
+  const byType = failure.type === undefined ? undefined : TYPE_VERDICTS[failure.type.toLowerCase()];
+  return byType ?? { code: "upstream", retryable: false, message: "the provider reported an error in the stream" };
+}
+
+/**
+ * The ImageError for an upstream failure; HTTP errors and stream errors go
+ * through here alike. Safety is decided by the upstream code alone (a
+ * moderation code is `safety_rejected`, whatever the type or status); the
+ * upstream code, type and message are kept in the details.
+ */
+export function classifyUpstreamError(provider: string, failure: UpstreamFailure): ImageError {
+  const details: Record<string, string | number | boolean> = {};
+  if (failure.status !== undefined) details["http_status"] = failure.status;
+  if (failure.code) details["upstream_code"] = failure.code;
+  if (failure.type) details["upstream_type"] = failure.type;
+  const upstreamMessage = failure.message ? failure.message.slice(0, 500) : undefined;
+  if (upstreamMessage) details["upstream_message"] = upstreamMessage;
+  if (failure.param) details["field"] = failure.param;
+  const safety = failure.code !== undefined && SAFETY_CODES.has(failure.code.toLowerCase());
+  const verdict = safety
+    ? { code: "safety_rejected" as const, retryable: false, message: "the provider's safety system refused the request" }
+    : verdictOf(failure);
+  if (verdict.code === "rate_limited" && failure.retryAfterMs !== undefined) details["retry_after_ms"] = failure.retryAfterMs;
+  return new ImageError(verdict.code, upstreamMessage ? `${verdict.message}: ${upstreamMessage}` : verdict.message, {
+    retryable: verdict.retryable,
     provider,
     details,
-    ...(upstreamRequestId ? { upstreamRequestId } : {}),
+    ...(failure.upstreamRequestId ? { upstreamRequestId: failure.upstreamRequestId } : {}),
   });
-  const message = (fallback: string) => (upstream?.message ? `${fallback}: ${upstream.message.slice(0, 500)}` : fallback);
-  if (SAFETY_CODES.has(upstreamCode ?? "") || upstream?.type === "image_generation_user_error") {
-    Object.assign(details, {
-      safety_category: "content_policy",
-      recovery: "revise_prompt_or_inputs",
-      retry_same_request: false,
-      safety_controls_relaxed: false,
-    });
-    return new ImageError("safety_rejected", message("the provider's safety system refused the request"), init("safety_rejected", false));
-  }
-  if (status === 429) {
-    const retryAfter = parseRetryAfter(headers.get("retry-after"));
-    if (retryAfter !== undefined) details["retry_after_ms"] = retryAfter;
-    const quota = upstreamCode === "insufficient_quota";
-    return new ImageError("rate_limited", message("the provider rate-limited the request"), init("rate_limited", !quota));
-  }
-  if (status === 401) return new ImageError("authentication", message("the provider rejected the API key"), init("authentication", false));
-  if (status === 403) return new ImageError("permission_denied", message("the provider denied the request"), init("permission_denied", false));
-  if (status === 404) return new ImageError("configuration", message("the provider does not know this model or endpoint"), init("configuration", false));
-  if (status === 408 || status === 504) return new ImageError("timeout", message("the provider timed out"), init("timeout", true));
-  if (status >= 500) return new ImageError("upstream", message("the provider failed"), init("upstream", status !== 501));
-  if (status === 400 || status === 422) return new ImageError("invalid_request", message("the provider rejected the request"), init("invalid_request", false));
-  return new ImageError("upstream", message("the provider returned an unexpected status"), init("upstream", false));
+}
+
+/** A string field of an upstream JSON object, or undefined. */
+function text(value: unknown): string | undefined {
+  return typeof value === "string" && value !== "" ? value : undefined;
+}
+
+/** The error object of an upstream error body or SSE `error` event: nested under `error`, or at the top level. */
+function upstreamErrorFields(payload: unknown): Pick<UpstreamFailure, "type" | "code" | "message" | "param"> {
+  if (typeof payload !== "object" || payload === null) return {};
+  const outer = payload as Record<string, unknown>;
+  const inner = typeof outer["error"] === "object" && outer["error"] !== null ? (outer["error"] as Record<string, unknown>) : outer;
+  // A top-level `type` of a stream event is the event type ("error"), not the error type.
+  const type = text(inner["type"]);
+  return {
+    type: type === "error" ? undefined : type,
+    code: text(inner["code"]),
+    message: text(inner["message"]),
+    param: text(inner["param"]),
+  };
+}
+
+/** The ImageError for an unsuccessful upstream HTTP response. */
+function upstreamHttpError(provider: string, status: number, headers: Headers, body: unknown): ImageError {
+  return classifyUpstreamError(provider, {
+    status,
+    ...upstreamErrorFields(body),
+    retryAfterMs: status === 429 ? parseRetryAfter(headers.get("retry-after")) : undefined,
+    upstreamRequestId: headers.get("x-request-id") ?? undefined,
+  });
 }
 
 async function readLimited(body: ReadableStream<Uint8Array> | null, limit: number, provider: string): Promise<Buffer> {
@@ -227,9 +299,9 @@ export class OpenAiImageProvider implements ImageProvider {
       throw this.transportError(error, context);
     }
     if (!response.ok) {
-      let parsed: UpstreamErrorBody | undefined;
+      let parsed: unknown;
       try {
-        parsed = JSON.parse((await readLimited(response.body, MAX_ERROR_BODY_BYTES, this.config.name)).toString("utf8")) as UpstreamErrorBody;
+        parsed = JSON.parse((await readLimited(response.body, MAX_ERROR_BODY_BYTES, this.config.name)).toString("utf8")) as unknown;
       } catch {
         parsed = undefined;
       }
@@ -237,7 +309,7 @@ export class OpenAiImageProvider implements ImageProvider {
     }
     let body: UpstreamBody;
     try {
-      body = stream ? await this.readStream(response, context) : await this.readJson(response);
+      body = stream ? await this.readStream(response, context, request.parameters.partialImages) : await this.readJson(response);
     } catch (error) {
       throw error instanceof ImageError ? error : this.transportError(error, context);
     }
@@ -292,8 +364,9 @@ export class OpenAiImageProvider implements ImageProvider {
   }
 
   /** Reads an SSE response: partial images are forwarded, the completed event is the result. */
-  private async readStream(response: Response, context: ProviderContext): Promise<UpstreamBody> {
+  private async readStream(response: Response, context: ProviderContext, partialImages: number): Promise<UpstreamBody> {
     const events: EventSourceMessage[] = [];
+    let partialsSeen = 0;
     let parseFailure: ImageError | undefined;
     const parser = createParser({
       maxBufferSize: this.config.maxResponseBytes,
@@ -326,10 +399,15 @@ export class OpenAiImageProvider implements ImageProvider {
         }
         const type = payload.type ?? event.event;
         if (type === "image_generation.partial_image" && typeof payload.b64_json === "string") {
+          // Previews are bounded by the request: an index outside 0..partial_images is dropped, like an
+          // out-of-range output index in fan-out. An upstream that sends no index gets them counted.
+          const partialIndex = payload.partial_image_index ?? partialsSeen;
+          partialsSeen += 1;
+          if (!Number.isInteger(partialIndex) || partialIndex < 0 || partialIndex >= partialImages) continue;
           await context.events?.({
             type: "partial_image",
             index: 0,
-            partialIndex: payload.partial_image_index ?? 0,
+            partialIndex,
             image: new Uint8Array(Buffer.from(payload.b64_json, "base64")),
           });
         } else if (type === "image_generation.completed") {
@@ -338,7 +416,11 @@ export class OpenAiImageProvider implements ImageProvider {
           if (typeof payload.revised_prompt === "string") image.revised_prompt = payload.revised_prompt;
           completed = { data: [image], ...(payload.usage ? { usage: payload.usage } : {}) };
         } else if (type === "error") {
-          throw new ImageError("upstream", "the provider reported an error in the stream", { provider: this.config.name });
+          await reader.cancel().catch(() => undefined);
+          throw classifyUpstreamError(this.config.name, {
+            ...upstreamErrorFields(payload),
+            upstreamRequestId: response.headers.get("x-request-id") ?? undefined,
+          });
         }
       }
     }
