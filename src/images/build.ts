@@ -59,6 +59,7 @@ export function buildImageRuntime(config: ImagesConfig, options: BuildOptions = 
     limits,
     defaultTimeoutMs: config.defaultTimeoutMs,
     cancellationGraceMs: config.cancellationGraceMs,
+    shutdownGraceMs: config.shutdownGraceMs,
     globalAdmission: admissionLimits(config.admission.global),
     ...(options.onOutcome ? { onOutcome: options.onOutcome } : {}),
   });

@@ -30,8 +30,11 @@ const fanoutSchema = z
   .strictObject({
     /** Logical maximum advertised by decorated providers; at most limits.maxOutputs. */
     maxOutputs: positive().max(MAX_OUTPUTS_CEILING).default(16),
-    /** Provider-wide simultaneous upstream calls; "auto" means maxOutputs. */
-    maxParallelOutputs: z.union([positive().max(MAX_OUTPUTS_CEILING), z.literal("auto")]).default(4),
+    /**
+     * Provider-wide simultaneous upstream calls (single-output calls take a
+     * permit too); "auto" means maxOutputs, bounded because maxOutputs is.
+     */
+    maxParallelOutputs: z.union([positive().max(MAX_OUTPUTS_CEILING), z.literal("auto")]).default("auto"),
     /** Longest wait for a fan-out permit (the request deadline applies too). */
     permitTimeoutMs: durationMs().default(120_000),
     /** How long fail-fast waits for cancelled siblings. */
@@ -54,6 +57,21 @@ const circuitBreakerSchema = z
     openDurationMs: positive().default(180_000),
     halfOpenMaxCalls: positive().default(1),
     successThreshold: positive().default(1),
+  })
+  .prefault({});
+
+/** Idempotency keys (runtime/idempotency.ts): process-local, bounded, with TTLs. */
+const idempotencySchema = z
+  .strictObject({
+    enabled: z.boolean().default(true),
+    /** Keys remembered at once (pending, completed and unknown-outcome entries). */
+    maxEntries: positive().max(10_000_000).default(10_000),
+    /** Bytes of completed responses kept for replay (images included). */
+    maxCompletedBytes: positive().max(64 * 1024 * MiB).default(256 * MiB),
+    /** How long a completed response is replayed. */
+    completedTtlMs: durationMs().default(86_400_000),
+    /** How long an unknown-outcome failure is replayed instead of running again. */
+    unknownTtlMs: durationMs().default(86_400_000),
   })
   .prefault({});
 
@@ -103,6 +121,8 @@ export const imagesConfigSchema = z
     defaultTimeoutMs: durationMs().default(300_000),
     /** Time an interrupted provider gets to wind down. */
     cancellationGraceMs: positive().max(30_000).default(1000),
+    /** On shutdown, how long requests in flight may finish before they are aborted. */
+    shutdownGraceMs: positive().max(300_000).default(10_000),
     fanout: fanoutSchema,
     admission: z
       .strictObject({
@@ -111,6 +131,7 @@ export const imagesConfigSchema = z
       })
       .prefault({}),
     circuitBreaker: circuitBreakerSchema,
+    idempotency: idempotencySchema,
     reference: referenceSchema,
     openai: z.array(openaiSchema).default([]),
   })
@@ -134,3 +155,4 @@ export const imagesConfigSchema = z
 
 export type ImagesConfig = z.output<typeof imagesConfigSchema>;
 export type OpenAiProviderConfig = z.output<typeof openaiSchema>;
+export type IdempotencyConfig = z.output<typeof idempotencySchema>;

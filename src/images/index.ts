@@ -10,7 +10,14 @@ import { ImageMetrics } from "./metrics.js";
 import { mapImageError } from "./proto-convert.js";
 import type { ImageRuntime } from "./runtime/runtime.js";
 import { publishProviderHealth } from "./provider-health.js";
-import { imageService } from "./service.js";
+import { imageService, type ImageServiceOptions } from "./service.js";
+import { IdempotencyStore } from "./runtime/idempotency.js";
+
+/** The service's idempotency store, when images.idempotency.enabled. */
+function serviceOptions(config: ImagesConfig): ImageServiceOptions {
+  const { enabled, ...limits } = config.idempotency;
+  return enabled ? { idempotency: new IdempotencyStore(limits) } : {};
+}
 
 /** What an embedder or a test may add when building the module. */
 export type ImagesModuleOptions = Omit<BuildOptions, "onOutcome">;
@@ -42,10 +49,22 @@ function createImagesInstance(
   const providerHealth = publishProviderHealth(runtime, ctx.health, ImageService.typeName);
   holder.health = providerHealth;
   ctx.tasks.run("provider-health", providerHealth.watch);
+  // One shutdown for drain and close: requests in flight finish within
+  // images.shutdownGraceMs (the host's grace ends it sooner), the rest are
+  // answered with timeout, then the providers stop.
+  let stopped: Promise<void> | undefined;
+  const stop = (signal?: AbortSignal): Promise<void> => {
+    const result = runtime.shutdown(signal ? { signal } : {});
+    stopped ??= result.then(({ drained, interrupted }) => {
+      if (!drained) ctx.logger.warn({ interrupted }, "image requests still running when the shutdown grace ended were aborted");
+    });
+    return stopped;
+  };
   return {
     runtime,
-    services: [bindService(ImageService, imageService(runtime, ctx.drainSignal))],
-    close: () => runtime.shutdown(),
+    services: [bindService(ImageService, imageService(runtime, ctx.drainSignal, serviceOptions(ctx.config)))],
+    drain: (signal) => stop(signal),
+    close: () => stop(),
   };
 }
 

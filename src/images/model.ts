@@ -49,9 +49,21 @@ export interface GenerationParameters {
   action: ImageAction;
 }
 
+export type FallbackPolicy = "on_unavailable" | "on_error";
+
+/** One fallback route: a registered provider and optionally its model. */
+export interface FallbackRoute {
+  readonly provider: string;
+  readonly model?: string;
+}
+
 export interface RoutingOptions {
   provider?: string;
   model?: string;
+  /** Tried in order when the primary fails and the policy allows it (runtime/fallback.ts). */
+  fallbacks?: readonly FallbackRoute[];
+  /** Absent means on_unavailable. */
+  fallbackPolicy?: FallbackPolicy;
 }
 
 export interface SessionOptions {
@@ -205,6 +217,15 @@ export function zeroTimings(): Timings {
   return { queueMs: 0, inputMs: 0, providerMs: 0, artifactMs: 0, totalMs: 0 };
 }
 
+/** One route tried for a request with fallbacks. */
+export interface ProviderAttempt {
+  provider: string;
+  model?: string;
+  outcome: "succeeded" | "failed";
+  errorCode?: ImageError["code"];
+  durationMs: number;
+}
+
 export interface ImageResponse {
   id: string;
   /** Unix seconds at completion. */
@@ -221,6 +242,8 @@ export interface ImageResponse {
   session?: SessionMetadata;
   timings: Timings;
   warnings: string[];
+  /** Only when the request had routing.fallbacks. */
+  attempts?: ProviderAttempt[];
 }
 
 /** Streaming events a provider pushes while it executes. */

@@ -161,6 +161,12 @@ export function requestFromProto(request: pb.ImageRequest | undefined, limits?: 
   if (request.negativePrompt !== undefined) out.negativePrompt = request.negativePrompt;
   if (request.routing?.provider) out.routing.provider = request.routing.provider;
   if (request.routing?.model) out.routing.model = request.routing.model;
+  if (request.routing && request.routing.fallbacks.length > 0) {
+    out.routing.fallbacks = request.routing.fallbacks.map((f) => (f.model !== "" ? { provider: f.provider, model: f.model } : { provider: f.provider }));
+  }
+  if (request.routing && request.routing.fallbackPolicy !== 0) {
+    out.routing.fallbackPolicy = issues.enumValue(pb.FallbackPolicy, request.routing.fallbackPolicy, "routing.fallback_policy", "on_unavailable");
+  }
   if (session?.key !== undefined) out.session.key = session.key;
   if (session?.threadId !== undefined) out.session.threadId = session.threadId;
   if (request.timeoutMs !== undefined) out.timeoutMs = num(request.timeoutMs);
@@ -280,6 +286,15 @@ export function responseToProto(response: m.ImageResponse, format: m.ResponseFor
       totalMs: u64(response.timings.totalMs),
     }),
     warnings: [...response.warnings],
+    attempts: (response.attempts ?? []).map((a) =>
+      create(pb.ProviderAttemptSchema, {
+        provider: a.provider,
+        ...(a.model !== undefined ? { model: a.model } : {}),
+        outcome: enumToProto(pb.ProviderAttemptOutcome, a.outcome),
+        ...(a.errorCode !== undefined ? { errorCode: errorCodeToProto(a.errorCode) } : {}),
+        durationMs: u64(a.durationMs),
+      }),
+    ),
   });
 }
 
@@ -365,15 +380,21 @@ export const GRPC_STATUS: Readonly<Record<ErrorCode, Code>> = {
   internal: Code.Internal,
 };
 
-/** A ConnectError with the mapped status, an ErrorDetail and, when known, retry-after metadata. */
+/**
+ * A ConnectError with the mapped status and an ErrorDetail. Every
+ * RESOURCE_EXHAUSTED and UNAVAILABLE answer carries `retry-after` metadata
+ * (seconds): details.retry_after_ms rounded up, at least 1, and 1 when
+ * nothing better is known.
+ */
 export function toConnectError(error: ImageError): ConnectError {
   const metadata = new Headers();
-  const retryAfter = error.details["retry_after_ms"];
-  if ((error.code === "rate_limited" || error.code === "overloaded") && error.retryable) {
-    const seconds = typeof retryAfter === "number" ? Math.max(1, Math.ceil(retryAfter / 1000)) : 1;
+  const status = GRPC_STATUS[error.code];
+  if (status === Code.ResourceExhausted || status === Code.Unavailable) {
+    const retryAfter = error.details["retry_after_ms"];
+    const seconds = typeof retryAfter === "number" && Number.isFinite(retryAfter) ? Math.max(1, Math.ceil(retryAfter / 1000)) : 1;
     metadata.set("retry-after", String(seconds));
   }
-  return new ConnectError(error.message, GRPC_STATUS[error.code], metadata, [
+  return new ConnectError(error.message, status, metadata, [
     { desc: pb.ErrorDetailSchema, value: errorToProto(error) },
   ]);
 }

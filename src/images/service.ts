@@ -2,11 +2,60 @@ import { create } from "@bufbuild/protobuf";
 import type { ServiceImpl } from "@connectrpc/connect";
 import * as caps from "../../gen/mmgate/images/v1/capabilities_pb.js";
 import * as svc from "../../gen/mmgate/images/v1/image_service_pb.js";
-import type { ProviderEvent } from "./model.js";
+import type { ImageRequest, ImageResponse, ProviderEvent } from "./model.js";
 import type { ImageRuntime } from "./runtime/runtime.js";
 import { requestIdOf } from "../server/index.js";
 import { BoundedQueue } from "../util/index.js";
 import { capabilitiesToProto, requestFromProto, responseToProto } from "./proto-convert.js";
+import type { ProviderEventSink } from "./core/provider.js";
+import { prepareRoutes, runRoutes, type RoutedRequest } from "./runtime/fallback.js";
+import {
+  IDEMPOTENCY_REPLAYED_HEADER,
+  requestFingerprint,
+  scopeOf,
+  withHeaderKey,
+  type IdempotencyStore,
+} from "./runtime/idempotency.js";
+
+export interface ImageServiceOptions {
+  /** Absent: idempotency keys are validated but every call runs. */
+  readonly idempotency?: IdempotencyStore;
+}
+
+/** Work run for an idempotency key belongs to no caller: only its deadline and shutdown end it. */
+const DETACHED = new AbortController().signal;
+
+interface CallContext {
+  readonly signal: AbortSignal;
+  readonly requestHeader: Headers;
+  readonly responseHeader: Headers;
+}
+
+/**
+ * Runs a prepared request through its routes (fallback.ts), once per
+ * idempotency key when the request has one and a store is configured.
+ */
+async function runOnce(
+  runtime: ImageRuntime,
+  options: ImageServiceOptions,
+  request: ImageRequest,
+  routed: RoutedRequest,
+  ctx: CallContext,
+  requestId: string,
+  events?: ProviderEventSink,
+): Promise<ImageResponse> {
+  const policy = request.routing.fallbackPolicy ?? "on_unavailable";
+  const withEvents = events ? { events } : {};
+  const key = request.idempotencyKey;
+  if (key === undefined || !options.idempotency) {
+    return runRoutes(runtime, routed, policy, { requestId, signal: ctx.signal, ...withEvents });
+  }
+  const result = await options.idempotency.run(scopeOf(ctx.requestHeader), key, requestFingerprint(request), ctx.signal, () =>
+    runRoutes(runtime, routed, policy, { requestId, signal: DETACHED, ...withEvents }),
+  );
+  if (result.replayed) ctx.responseHeader.set(IDEMPOTENCY_REPLAYED_HEADER, "true");
+  return result.response;
+}
 
 /** Stream events buffered between the provider and a slow client. */
 const STREAM_BUFFER = 4;
@@ -33,7 +82,11 @@ function streamEventOf(event: ProviderEvent): StreamEvent | undefined {
  * mmgate.images.v1.ImageService over an ImageRuntime. Handlers throw
  * ImageError; the module's error mapper turns it into the status.
  */
-export function imageService(runtime: ImageRuntime, drainSignal: AbortSignal): Partial<ServiceImpl<typeof svc.ImageService>> {
+export function imageService(
+  runtime: ImageRuntime,
+  drainSignal: AbortSignal,
+  options: ImageServiceOptions = {},
+): Partial<ServiceImpl<typeof svc.ImageService>> {
   return {
     async listProviders() {
       const registry = runtime.registry;
@@ -60,33 +113,35 @@ export function imageService(runtime: ImageRuntime, drainSignal: AbortSignal): P
     },
 
     async generate(req, ctx) {
-      const request = requestFromProto(req.request, runtime.limits);
-      const response = await runtime.execute(request, { requestId: requestIdOf(ctx), signal: ctx.signal });
+      const request = withHeaderKey(requestFromProto(req.request, runtime.limits), ctx.requestHeader);
+      const response = await runOnce(runtime, options, request, prepareRoutes(runtime, request), ctx, requestIdOf(ctx));
       return create(svc.GenerateResponseSchema, { response: responseToProto(response, request.responseFormat) });
     },
 
     async *generateStream(req, ctx) {
       const requestId = requestIdOf(ctx);
       // An invalid request fails before `started`.
-      const prepared = runtime.prepare(requestFromProto(req.request, runtime.limits));
-      const request = prepared.request;
+      const request = withHeaderKey(requestFromProto(req.request, runtime.limits), ctx.requestHeader);
+      const routed = prepareRoutes(runtime, request);
       yield create(svc.GenerateStreamResponseSchema, {
         event: { case: "started", value: create(svc.StartedSchema, { id: requestId, outputs: request.parameters.n }) },
       });
       // The provider waits while the buffer is full; a client that goes away closes it.
       const queue = new BoundedQueue<StreamEvent>({ maxItems: STREAM_BUFFER });
-      const execution = runtime
-        .run(prepared, {
-          requestId,
-          signal: ctx.signal,
-          events: async (event) => {
-            // While draining, previews are dropped so the result arrives sooner.
-            if (drainSignal.aborted && event.type === "partial_image") return;
-            const mapped = streamEventOf(event);
-            if (mapped) await queue.push(mapped);
-          },
-        })
-        .finally(() => queue.close());
+      // Work for an idempotency key outlives its caller: events then go nowhere, without blocking it.
+      const closeQueue = () => queue.close();
+      ctx.signal.addEventListener("abort", closeQueue, { once: true });
+      const events: ProviderEventSink = async (event) => {
+        // While draining, previews are dropped so the result arrives sooner.
+        if (drainSignal.aborted && event.type === "partial_image") return;
+        const mapped = streamEventOf(event);
+        if (mapped) await queue.push(mapped);
+      };
+      // A replayed or joined call streams no previews: started, then completed.
+      const execution = runOnce(runtime, options, request, routed, ctx, requestId, events).finally(() => {
+        ctx.signal.removeEventListener("abort", closeQueue);
+        queue.close();
+      });
       execution.catch(() => undefined);
       for await (const event of queue) {
         yield create(svc.GenerateStreamResponseSchema, { event });

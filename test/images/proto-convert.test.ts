@@ -74,7 +74,9 @@ describe("images: protobuf conversion", () => {
       const error = new ImageError(code, "m", { retryable: true, provider: "p", details: { field: "x", n: 1 } });
       const detail = errorToProto(error);
       expect(pb.ErrorCode[detail.code]?.toLowerCase()).to.equal(code);
-      expect(detail).to.deep.include({ message: "m", retryable: true, provider: "p", details: { field: "x", n: 1 } });
+      // A safety refusal is never retryable and always carries its safety details (core/errors.ts).
+      expect(detail).to.deep.include({ message: "m", retryable: code !== "safety_rejected", provider: "p" });
+      expect(detail.details).to.deep.include({ field: "x", n: 1 });
       expect(detail.suggestions).to.deep.equal(error.suggestions);
     }
     expect(GRPC_STATUS.invalid_request).to.equal(Code.InvalidArgument);
@@ -88,6 +90,8 @@ describe("images: protobuf conversion", () => {
     expect(at(180_001)).to.equal("181");
     expect(at(10)).to.equal("1");
     expect(at(undefined)).to.equal("1");
-    expect(toConnectError(new ImageError("upstream", "m")).metadata.get("retry-after")).to.equal(null);
+    // Every UNAVAILABLE / RESOURCE_EXHAUSTED answer carries it, retryable or not; other statuses never do.
+    expect(toConnectError(new ImageError("upstream", "m")).metadata.get("retry-after")).to.equal("1");
+    expect(toConnectError(new ImageError("timeout", "m", { retryable: true })).metadata.get("retry-after")).to.equal(null);
   });
 });

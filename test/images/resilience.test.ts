@@ -1,5 +1,11 @@
+import { Code, ConnectError, createClient } from "@connectrpc/connect";
+import * as grpc from "@grpc/grpc-js";
 import { expect } from "chai";
+import { ImageService } from "../../gen/mmgate/images/v1/image_service_pb.js";
+import * as pb from "../../gen/mmgate/images/v1/images_pb.js";
 import { breakerVerdictOf, ImageError, type ErrorCode } from "../../src/images/core/errors.js";
+import { defineImagesModule } from "../../src/images/index.js";
+import type { ImageRequest, ImageResponse } from "../../src/images/model.js";
 import { AdmissionGate } from "../../src/images/runtime/admission.js";
 import {
   CircuitBreaker,
@@ -8,8 +14,9 @@ import {
   type ErrorClassifier,
 } from "../../src/images/runtime/circuit-breaker.js";
 import { ProviderRegistry } from "../../src/images/runtime/registry.js";
-import { FakeClock } from "../support/index.js";
+import { expectRejection, FakeClock, grpcServerStream, grpcUnary, startServer, type InProcessServer } from "../support/index.js";
 import { rejection } from "./helpers.js";
+import { ProbeProvider } from "./probe-provider.js";
 
 
 function thrown(fn: () => unknown): ImageError {
@@ -151,6 +158,21 @@ describe("images: circuit breaker", () => {
     expect(strict.snapshot().state).to.equal("open");
   });
 
+  it("counts a failure before the call only when it is a provider fault, and abandons the rest", () => {
+    const b = breaker();
+    admitted(b).failedBeforeCall(new ImageError("protocol", "capabilities name another provider"));
+    admitted(b).failedBeforeCall(new ImageError("unsupported_capability", "m"));
+    expect(b.snapshot()).to.deep.include({ state: "closed", consecutiveFailures: 1 });
+    admitted(b).failedBeforeCall(new ImageError("protocol", "m"));
+    expect(b.snapshot().state).to.equal("open");
+    clock.advance(1000);
+    // A request the provider never saw frees the probe instead of re-opening.
+    admitted(b).failedBeforeCall(new ImageError("unsupported_capability", "m"));
+    expect(b.snapshot().state).to.equal("half_open");
+    admitted(b).succeeded();
+    expect(b.snapshot().state).to.equal("closed");
+  });
+
   it("does nothing when disabled and validates its limits", () => {
     const b = breaker({ enabled: false });
     for (let i = 0; i < 10; i += 1) fail(b, "upstream");
@@ -187,5 +209,69 @@ describe("images: provider registry", () => {
     ] as const) {
       expect(() => new ProviderRegistry([...entries], fallback)).to.throw(ImageError).with.property("code", "configuration");
     }
+  });
+});
+
+/** Fails every call with the error its prompt names (`code[:retryable][:retry_after_ms]`). */
+class ScriptedFailures extends ProbeProvider {
+  override async execute(request: ImageRequest): Promise<ImageResponse> {
+    const [code, retryable, retryAfterMs] = request.prompt.split(":");
+    throw new ImageError(code as ErrorCode, "scripted failure", {
+      retryable: retryable === "retryable",
+      ...(retryAfterMs ? { details: { retry_after_ms: Number(retryAfterMs) } } : {}),
+    });
+  }
+}
+
+describe("images: retry-after on every RESOURCE_EXHAUSTED and UNAVAILABLE answer (gRPC)", function () {
+  this.timeout(20_000);
+  let server: InProcessServer;
+  const PROTO = "mmgate/images/v1/image_service.proto";
+  const SERVICE = "mmgate.images.v1.ImageService";
+  const body = (prompt: string) => ({ request: { prompt, generate: {}, routing: { provider: "scripted" } } });
+
+  before(async () => {
+    server = await startServer({
+      modules: [defineImagesModule({ extraProviders: [new ScriptedFailures("scripted")] })],
+      config: { images: { reference: { enabled: false }, circuitBreaker: { enabled: false } } },
+    });
+  });
+  after(async () => server?.close());
+
+  const cases: [string, grpc.status, string][] = [
+    ["upstream:retryable", grpc.status.UNAVAILABLE, "1"],
+    ["upstream:final", grpc.status.UNAVAILABLE, "1"],
+    ["overloaded:final", grpc.status.UNAVAILABLE, "1"],
+    ["rate_limited:final", grpc.status.RESOURCE_EXHAUSTED, "1"],
+    ["rate_limited:retryable:180001", grpc.status.RESOURCE_EXHAUSTED, "181"],
+    ["overloaded:retryable:1", grpc.status.UNAVAILABLE, "1"],
+  ];
+  for (const [prompt, status, seconds] of cases) {
+    it(`${prompt}: retry-after ${seconds} (unary and stream)`, async () => {
+      const client = server.grpcClient(PROTO, SERVICE);
+      const unary = await expectRejection<grpc.ServiceError>(grpcUnary(client, "Generate", body(prompt)));
+      expect(unary.code).to.equal(status);
+      expect(unary.metadata.get("retry-after")).to.deep.equal([seconds]);
+      const stream = await expectRejection<grpc.ServiceError>(grpcServerStream(client, "GenerateStream", body(prompt)));
+      expect(stream.code).to.equal(status);
+      expect(stream.metadata.get("retry-after")).to.deep.equal([seconds]);
+    });
+  }
+
+  it("sends none with other statuses", async () => {
+    const client = server.grpcClient(PROTO, SERVICE);
+    const error = await expectRejection<grpc.ServiceError>(grpcUnary(client, "Generate", body("protocol:final")));
+    expect(error.code).to.equal(grpc.status.INTERNAL);
+    expect(error.metadata.get("retry-after")).to.deep.equal([]);
+  });
+
+  it("reaches connect clients too", async () => {
+    const images = createClient(ImageService, server.transport);
+    const error = await expectRejection(
+      images.generate({ request: { prompt: "upstream:final", operation: { case: "generate", value: {} }, routing: { provider: "scripted" } } }),
+      { type: ConnectError, code: Code.Unavailable },
+    );
+    expect(error.metadata.get("retry-after")).to.equal("1");
+    expect(error.findDetails(pb.ErrorDetailSchema)[0]?.code).to.equal(pb.ErrorCode.UPSTREAM);
   });
 });

@@ -197,14 +197,14 @@ describe("images: runtime", () => {
     await runtime.shutdown();
   });
 
-  it("cancels work in flight and refuses new work on shutdown", async () => {
+  it("aborts work still in flight after the shutdown grace and refuses new work", async () => {
     const probe = new ProbeProvider("probe", 5000);
-    const runtime = runtimeWith(probe);
+    const runtime = runtimeWith(probe, { shutdownGraceMs: 50 });
     const running = runtime.execute(request(), options());
     await probe.whenStarted(1);
     await runtime.shutdown();
     const error = await rejection(running);
-    expect(error.code).to.equal("cancelled");
+    expect(error.code).to.equal("timeout");
     expect(error.details["outcome"]).to.equal("unknown");
     expect(probe.aborted).to.equal(1);
     expect((await rejection(runtime.execute(request(), options()))).message).to.equal("runtime is shutting down");
@@ -219,6 +219,40 @@ describe("images: runtime", () => {
     expect(error.code).to.equal("timeout");
     expect(error.retryable).to.equal(false);
     expect(error.details["outcome"]).to.equal("unknown");
+  });
+
+  it("opens the circuit of a provider whose capabilities name another provider", async () => {
+    const fake = new FakeProvider({ capabilities: { ...fakeCapabilities(), provider: "someone-else" } });
+    const runtime = runtimeWith(fake, { circuitBreaker: { failureThreshold: 3 } });
+    for (let i = 0; i < 3; i++) expect((await rejection(runtime.execute(request(), options()))).code).to.equal("protocol");
+    expect(runtime.registry.resolve("fanout-test").breaker.snapshot().state).to.equal("open");
+    const refused = await rejection(runtime.execute(request(), options()));
+    expect([refused.code, refused.details["circuit_state"]]).to.deep.equal(["overloaded", "open"]);
+    expect(fake.calls).to.equal(0);
+  });
+
+  it("opens the circuit on protocol errors from capability discovery, but not on a request it cannot honour", async () => {
+    const fake = new FakeProvider();
+    fake.capabilities = () => Promise.reject(new ImageError("protocol", "capabilities do not parse"));
+    const runtime = runtimeWith(fake, { circuitBreaker: { failureThreshold: 2 } });
+    for (let i = 0; i < 2; i++) expect((await rejection(runtime.execute(request(), options()))).code).to.equal("protocol");
+    expect(runtime.registry.resolve("fanout-test").breaker.snapshot().state).to.equal("open");
+
+    const strict = runtimeWith(new FakeProvider(), { circuitBreaker: { failureThreshold: 2 } });
+    for (let i = 0; i < 3; i++) {
+      const error = await rejection(strict.execute(request({ parameters: { quality: "high" }, policies: { compatibility: "strict" } }), options()));
+      expect(error.code).to.equal("unsupported_capability");
+    }
+    expect(strict.registry.resolve("fanout-test").breaker.snapshot()).to.deep.include({ state: "closed", consecutiveFailures: 0 });
+  });
+
+  it("counts the wait at the global gate in queue_ms", async () => {
+    const runtime = runtimeWith(new FakeProvider({ delayMs: 200 }), { admission: { global: { maxConcurrent: 1 } } });
+    const first = runtime.execute(request(), options());
+    const second = await runtime.execute(request(), options());
+    await first;
+    expect(second.timings.queueMs).to.be.at.least(150);
+    expect(second.timings.totalMs).to.be.at.least(second.timings.queueMs + second.timings.providerMs);
   });
 
   it("fails to build with an unknown default provider or none at all", () => {

@@ -166,6 +166,34 @@ function checkParameters(list: IssueList, request: ImageRequest, limits: Request
   }
 }
 
+/** At most this many routing.fallbacks (the reference's limit). */
+export const MAX_FALLBACKS = 4;
+
+/**
+ * routing.fallbacks: at most MAX_FALLBACKS, each an identifier pair, none
+ * repeated or equal to an explicit primary route, isolated sessions only.
+ * Whether each provider is registered is checked when the routes are
+ * resolved (runtime/fallback.ts), as for routing.provider.
+ */
+function checkFallbacks(list: IssueList, request: ImageRequest, limits: RequestLimits): void {
+  const fallbacks = request.routing.fallbacks ?? [];
+  if (fallbacks.length === 0) return;
+  if (fallbacks.length > MAX_FALLBACKS) list.add("routing.fallbacks", "too_many", `at most ${MAX_FALLBACKS} fallbacks are allowed`);
+  if (request.session.mode !== "isolated") {
+    list.add("routing.fallbacks", "incompatible", "fallbacks need an isolated session");
+  }
+  const routeKey = (provider: string, model: string | undefined) => JSON.stringify([provider, model ?? null]);
+  const seen = new Set<string>();
+  if (request.routing.provider !== undefined) seen.add(routeKey(request.routing.provider, request.routing.model));
+  fallbacks.forEach((route, i) => {
+    checkIdentifier(list, `routing.fallbacks[${i}].provider`, route.provider, limits);
+    checkIdentifier(list, `routing.fallbacks[${i}].model`, route.model, limits);
+    const key = routeKey(route.provider, route.model);
+    if (seen.has(key)) list.add(`routing.fallbacks[${i}]`, "duplicate", "repeats the primary route or an earlier fallback");
+    seen.add(key);
+  });
+}
+
 function checkSession(list: IssueList, request: ImageRequest, limits: RequestLimits): void {
   const { mode, key, threadId } = request.session;
   if (mode === "persistent") {
@@ -210,6 +238,7 @@ export function collectIssues(request: ImageRequest, limits: RequestLimits, foun
   checkParameters(list, request, limits);
   checkIdentifier(list, "routing.provider", request.routing.provider, limits);
   checkIdentifier(list, "routing.model", request.routing.model, limits);
+  checkFallbacks(list, request, limits);
   checkIdentifier(list, "idempotency_key", request.idempotencyKey, limits);
   checkIdentifier(list, "user", request.user, limits);
   checkSession(list, request, limits);

@@ -38,6 +38,13 @@ export interface BreakerPermit {
   succeeded(): void;
   /** The call failed with `error`; the classifier decides how that counts. */
   failed(error: unknown): void;
+  /**
+   * The call failed before its request went out (capability discovery and
+   * its checks): a failure by the classifier counts as `failed` does;
+   * anything else is abandoned, so a request the provider never received
+   * cannot re-open a half-open circuit.
+   */
+  failedBeforeCall(error: unknown): void;
   /** The call says nothing about the provider (it never reached it, or the caller left). */
   abandon(): void;
 }
@@ -52,7 +59,12 @@ export type BreakerAdmission =
       readonly retryAfterMs?: number;
     };
 
-const NOOP_PERMIT: BreakerPermit = { succeeded: () => undefined, failed: () => undefined, abandon: () => undefined };
+const NOOP_PERMIT: BreakerPermit = {
+  succeeded: () => undefined,
+  failed: () => undefined,
+  failedBeforeCall: () => undefined,
+  abandon: () => undefined,
+};
 const ALWAYS_ADMITTED: BreakerAdmission = { admitted: true, permit: NOOP_PERMIT };
 
 /**
@@ -140,14 +152,19 @@ export class CircuitBreaker {
       done = true;
       if (epoch === this.epoch) this.onResult(verdict, probe);
     };
+    const abandon = (): void => {
+      if (done) return;
+      done = true;
+      if (epoch === this.epoch && probe) this.probesInFlight -= 1;
+    };
     return {
       succeeded: () => finish("success"),
       failed: (error) => finish(this.classify(error)),
-      abandon: () => {
-        if (done) return;
-        done = true;
-        if (epoch === this.epoch && probe) this.probesInFlight -= 1;
+      failedBeforeCall: (error) => {
+        if (this.classify(error) === "failure") finish("failure");
+        else abandon();
       },
+      abandon,
     };
   }
 

@@ -15,6 +15,11 @@ export interface ImageRuntimeOptions {
   /** How long an interrupted provider gets to wind down. */
   readonly cancellationGraceMs: number;
   readonly globalAdmission: AdmissionLimits;
+  /**
+   * How long `shutdown` lets requests in flight finish before it aborts
+   * them; 10 s when absent.
+   */
+  readonly shutdownGraceMs?: number;
   /** Called once per request that reached a provider's breaker. */
   readonly onOutcome?: (outcome: RuntimeOutcome) => void;
 }
@@ -37,6 +42,22 @@ export interface ExecuteOptions {
   /** Caller cancellation (client gone, gRPC deadline). */
   readonly signal: AbortSignal;
   readonly events?: ProviderEventSink;
+}
+
+/** The shutdown grace when the options name none. */
+export const DEFAULT_SHUTDOWN_GRACE_MS = 10_000;
+
+export interface ShutdownOptions {
+  /** Ends the grace early: what is still running is aborted when it fires. */
+  readonly signal?: AbortSignal;
+}
+
+/** How a shutdown went; every caller of `shutdown` gets the same one. */
+export interface ShutdownResult {
+  /** Every request in flight finished within the grace. */
+  readonly drained: boolean;
+  /** Requests still running when the grace ended, answered with `timeout`. */
+  readonly interrupted: number;
 }
 
 /** gRPC's DEADLINE_EXCEEDED, as carried by connect's abort reasons. */
@@ -79,6 +100,19 @@ export function checkOutputSet(parameters: Pick<GenerationParameters, "n" | "fai
   }
 }
 
+/**
+ * The caller's sink behind a guard: a partial image outside the request
+ * (output index not below n, preview index not below partial_images) is
+ * dropped, whatever provider sent it.
+ */
+export function boundedPartials(sink: ProviderEventSink, parameters: Pick<GenerationParameters, "n" | "partialImages">): ProviderEventSink {
+  const inRange = (value: number, bound: number) => Number.isInteger(value) && value >= 0 && value < bound;
+  return async (event) => {
+    if (event.type === "partial_image" && !(inRange(event.index, parameters.n) && inRange(event.partialIndex, parameters.partialImages))) return;
+    await sink(event);
+  };
+}
+
 /** The `overloaded` error of a call the provider's circuit refused. */
 function circuitRefusal(provider: string, refusal: Extract<BreakerAdmission, { admitted: false }>): ImageError {
   if (refusal.state === "open") {
@@ -102,13 +136,24 @@ function circuitRefusal(provider: string, refusal: Extract<BreakerAdmission, { a
  */
 export class ImageRuntime {
   private readonly globalGate: AdmissionGate;
+  /** Requests admitted by `run` and not yet settled. */
+  private readonly inFlight = new Set<Promise<unknown>>();
+  /** Set when shutdown starts: new requests are refused from then on. */
+  private closing = false;
+  /** Fires when the shutdown grace is over: aborts what is still running. */
   private readonly shutdownController = new AbortController();
+  private shutdownResult: Promise<ShutdownResult> | undefined;
 
   constructor(
     readonly registry: ProviderRegistry,
     private readonly options: ImageRuntimeOptions,
   ) {
     this.globalGate = new AdmissionGate("global", options.globalAdmission);
+  }
+
+  /** Requests in flight (between the start of `run` and their answer). */
+  get activeRequests(): number {
+    return this.inFlight.size;
   }
 
   get globalQueueDepth(): number {
@@ -140,7 +185,7 @@ export class ImageRuntime {
    * before anything else happens when it cannot run.
    */
   prepare(request: ImageRequest): PreparedRequest {
-    if (this.shutdownController.signal.aborted) throw new ImageError("cancelled", "runtime is shutting down");
+    if (this.closing) throw shuttingDown();
     validateRequest(request, this.options.limits);
     const entry = this.registry.resolve(request.routing.provider);
     const deadline = Date.now() + (request.timeoutMs ?? this.options.defaultTimeoutMs);
@@ -153,16 +198,33 @@ export class ImageRuntime {
   }
 
   /** Runs a prepared request through the gates, the breaker and the provider. */
-  async run(prepared: PreparedRequest, options: ExecuteOptions): Promise<ImageResponse> {
+  run(prepared: PreparedRequest, options: ExecuteOptions): Promise<ImageResponse> {
+    // Checked and registered in one step: once shutdown starts, the set is final.
+    if (this.closing) return Promise.reject(shuttingDown());
+    const work = this.admitAndRun(prepared, options);
+    this.inFlight.add(work);
+    const forget = (): void => void this.inFlight.delete(work);
+    work.then(forget, forget);
+    return work;
+  }
+
+  private async admitAndRun(prepared: PreparedRequest, options: ExecuteOptions): Promise<ImageResponse> {
     const started = performance.now();
     const { request, entry, deadline } = prepared;
-    // One signal for caller cancellation, the deadline and shutdown.
+    // One signal for caller cancellation, the deadline and the end of the shutdown grace.
     const operation = AbortSignal.any([
       options.signal,
       this.shutdownController.signal,
       AbortSignal.timeout(Math.max(0, deadline - Date.now())),
     ]);
-    const globalPermit = await this.globalGate.acquire(operation, deadline);
+    let globalPermit;
+    try {
+      globalPermit = await this.globalGate.acquire(operation, deadline);
+    } catch (error) {
+      throw this.stoppedBeforeDispatch(toImageError(error), operation);
+    }
+    // queue_ms covers every wait before dispatch: the global gate and the provider's.
+    let waitedMs = performance.now() - started;
     try {
       const admission = entry.breaker.admit();
       if (!admission.admitted) {
@@ -171,11 +233,15 @@ export class ImageRuntime {
         throw error;
       }
       const breaker = admission.permit;
+      // The provider was consulted (capabilities); then its request went out.
+      let consulted = false;
       let dispatched = false;
       try {
         const queueStarted = performance.now();
         const providerPermit = await entry.gate.acquire(operation, deadline);
-        const queueMs = Math.round(performance.now() - queueStarted);
+        waitedMs += performance.now() - queueStarted;
+        const queueMs = Math.round(waitedMs);
+        consulted = true;
         let plan: FanoutPlan;
         let response: ImageResponse;
         let providerMs: number;
@@ -210,12 +276,16 @@ export class ImageRuntime {
         return response;
       } catch (error) {
         let failure = toImageError(error);
-        if (failure.provider === undefined && failure.code !== "invalid_request") failure = failure.withProvider(entry.name);
-        const callerGone = (failure.code === "cancelled" || failure.code === "timeout") && options.signal.aborted;
         // A wait for our own fan-out capacity that ended before any call went out.
         const neverSent = failure.details["stage"] === "capacity_wait" && failure.details["outcome"] === undefined;
-        // A caller that went away, or our own full queue, says nothing about the provider.
-        if (callerGone || neverSent || !dispatched) breaker.abandon();
+        if (!dispatched || neverSent) failure = this.stoppedBeforeDispatch(failure, operation);
+        if (failure.provider === undefined && failure.code !== "invalid_request") failure = failure.withProvider(entry.name);
+        const callerGone = (failure.code === "cancelled" || failure.code === "timeout") && options.signal.aborted;
+        // A caller that went away, our own full queue, or our own shutdown says
+        // nothing about the provider; what its capabilities said before the
+        // call went out counts only when it is a provider fault (protocol).
+        if (callerGone || neverSent || !consulted || this.stoppedByShutdown(operation)) breaker.abandon();
+        else if (!dispatched) breaker.failedBeforeCall(failure);
         else breaker.failed(failure);
         this.options.onOutcome?.({ ok: false, provider: entry.name, failed: request.parameters.n, error: failure });
         throw failure;
@@ -223,6 +293,22 @@ export class ImageRuntime {
     } finally {
       globalPermit.release();
     }
+  }
+
+  /**
+   * A request that had not reached its provider when the shutdown grace
+   * ended: a retryable `timeout` (another instance may serve it). Anything
+   * else passes unchanged.
+   */
+  private stoppedBeforeDispatch(failure: ImageError, operation: AbortSignal): ImageError {
+    if (!this.stoppedByShutdown(operation)) return failure;
+    if (failure.code !== "cancelled" && failure.code !== "timeout") return failure;
+    return new ImageError("timeout", "the runtime shut down before the request reached its provider", {
+      retryable: true,
+      ...(failure.provider !== undefined ? { provider: failure.provider } : {}),
+      details: { stage: "shutdown" },
+      suggestions: ["Send the request again; this instance is shutting down."],
+    });
   }
 
   /**
@@ -240,7 +326,7 @@ export class ImageRuntime {
       requestId: options.requestId,
       deadline,
       signal: operation,
-      ...(options.events ? { events: options.events } : {}),
+      ...(options.events ? { events: boundedPartials(options.events, plan.request.parameters) } : {}),
     });
     try {
       return await raceAbort(execution, operation);
@@ -264,7 +350,7 @@ export class ImageRuntime {
 
   private interruption(operation: AbortSignal, deadline: number, cause?: ImageError): ImageError {
     let base: ImageError;
-    if (operation.aborted && this.shutdownController.signal.aborted) base = new ImageError("cancelled", "runtime is shutting down");
+    if (this.stoppedByShutdown(operation)) base = new ImageError("timeout", "the runtime shut down before the provider finished", { details: { stage: "shutdown" } });
     else if (operation.aborted && isDeadline(operation.reason, deadline)) base = new ImageError("timeout", "the request deadline passed");
     else if (operation.aborted) base = new ImageError("cancelled", "the request was cancelled");
     else base = cause ?? new ImageError("internal", "the provider was interrupted");
@@ -274,12 +360,60 @@ export class ImageRuntime {
       .withSuggestion("The provider may have produced images; do not blindly retry the same request.");
   }
 
-  /** Stops admitting, cancels work in flight, and shuts every provider down. */
-  async shutdown(): Promise<void> {
-    if (this.shutdownController.signal.aborted) return;
-    this.shutdownController.abort();
+  /**
+   * Stops admitting new requests, lets the ones in flight finish for up to
+   * the shutdown grace (or until `options.signal` fires), aborts what is
+   * left (those get `timeout`), then shuts every provider down. Concurrent
+   * and later calls share the first call's result.
+   */
+  shutdown(options: ShutdownOptions = {}): Promise<ShutdownResult> {
+    const stop = options.signal;
+    if (stop) {
+      if (stop.aborted) this.endGrace();
+      else stop.addEventListener("abort", () => this.endGrace(), { once: true });
+    }
+    this.shutdownResult ??= this.drainAndStop();
+    return this.shutdownResult;
+  }
+
+  /**
+   * Whether `operation` was aborted by the end of the shutdown grace (and
+   * not before, by its caller or its deadline). The host aborts its calls
+   * right after the module's grace signal fires, so the first reason decides.
+   */
+  private stoppedByShutdown(operation: AbortSignal): boolean {
+    return operation.aborted && this.shutdownController.signal.aborted && operation.reason === this.shutdownController.signal.reason;
+  }
+
+  private endGrace(): void {
+    if (!this.shutdownController.signal.aborted) this.shutdownController.abort();
+  }
+
+  private async drainAndStop(): Promise<ShutdownResult> {
+    this.closing = true;
+    const running = [...this.inFlight];
+    const graceMs = this.options.shutdownGraceMs ?? DEFAULT_SHUTDOWN_GRACE_MS;
+    const all = Promise.allSettled(running);
+    const graceOver = new Promise<void>((resolve) => {
+      if (this.shutdownController.signal.aborted) resolve();
+      else this.shutdownController.signal.addEventListener("abort", () => resolve(), { once: true });
+    });
+    const drained = await settleWithin(Promise.race([all, graceOver]), graceMs) && !this.shutdownController.signal.aborted;
+    const interrupted = drained ? 0 : this.inFlight.size;
+    this.endGrace();
     this.globalGate.close();
     for (const entry of this.registry.list()) entry.gate.close();
+    // Aborted requests answer at once, or after the cancellation grace when a provider holds on.
+    if (!drained) await settleWithin(all, this.options.cancellationGraceMs + 100);
     await Promise.allSettled(this.registry.list().map((entry) => entry.provider.shutdown()));
+    return { drained, interrupted };
   }
+}
+
+/** The answer to a request that arrives once shutdown has started. */
+function shuttingDown(): ImageError {
+  return new ImageError("cancelled", "runtime is shutting down", {
+    retryable: true,
+    suggestions: ["Send the request to another instance; this one is shutting down."],
+  });
 }

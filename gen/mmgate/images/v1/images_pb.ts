@@ -12,7 +12,7 @@ import type { JsonObject, Message } from "@bufbuild/protobuf";
  * Describes the file mmgate/images/v1/images.proto.
  */
 export const file_mmgate_images_v1_images: GenFile = /*@__PURE__*/
-  fileDesc("Ch1tbWdhdGUvaW1hZ2VzL3YxL2ltYWdlcy5wcm90bxIQbW1nYXRlLmltYWdlcy52MSKYBQoMSW1hZ2VSZXF1ZXN0Eg8KB3ZlcnNpb24YASABKAkSDgoGcHJvbXB0GAIgASgJEhwKD25lZ2F0aXZlX3Byb21wdBgDIAEoCUgBiAEBEjcKCGdlbmVyYXRlGAQgASgLMiMubW1nYXRlLmltYWdlcy52MS5HZW5lcmF0ZU9wZXJhdGlvbkgAEi8KBGVkaXQYBSABKAsyHy5tbWdhdGUuaW1hZ2VzLnYxLkVkaXRPcGVyYXRpb25IABI2ChByZWZlcmVuY2VfaW1hZ2VzGAYgAygLMhwubW1nYXRlLmltYWdlcy52MS5JbWFnZUlucHV0EjoKCnBhcmFtZXRlcnMYByABKAsyJi5tbWdhdGUuaW1hZ2VzLnYxLkdlbmVyYXRpb25QYXJhbWV0ZXJzEjEKB3JvdXRpbmcYCCABKAsyIC5tbWdhdGUuaW1hZ2VzLnYxLlJvdXRpbmdPcHRpb25zEjEKB3Nlc3Npb24YCSABKAsyIC5tbWdhdGUuaW1hZ2VzLnYxLlNlc3Npb25PcHRpb25zEjMKCHBvbGljaWVzGAogASgLMiEubW1nYXRlLmltYWdlcy52MS5SZXF1ZXN0UG9saWNpZXMSFwoKdGltZW91dF9tcxgLIAEoBEgCiAEBEhwKD2lkZW1wb3RlbmN5X2tleRgMIAEoCUgDiAEBEhEKBHVzZXIYDSABKAlIBIgBARI5Cg9yZXNwb25zZV9mb3JtYXQYDiABKA4yIC5tbWdhdGUuaW1hZ2VzLnYxLlJlc3BvbnNlRm9ybWF0QgsKCW9wZXJhdGlvbkISChBfbmVnYXRpdmVfcHJvbXB0Qg0KC190aW1lb3V0X21zQhIKEF9pZGVtcG90ZW5jeV9rZXlCBwoFX3VzZXIiEwoRR2VuZXJhdGVPcGVyYXRpb24idwoNRWRpdE9wZXJhdGlvbhIsCgZpbWFnZXMYASADKAsyHC5tbWdhdGUuaW1hZ2VzLnYxLkltYWdlSW5wdXQSLwoEbWFzaxgCIAEoCzIcLm1tZ2F0ZS5pbWFnZXMudjEuSW1hZ2VJbnB1dEgAiAEBQgcKBV9tYXNrIkAKCkltYWdlSW5wdXQSDAoEZGF0YRgBIAEoDBISCgptZWRpYV90eXBlGAIgASgJEhAKCGZpbGVuYW1lGAMgASgJIroEChRHZW5lcmF0aW9uUGFyYW1ldGVycxIOCgFuGAEgASgNSACIAQESDAoEc2l6ZRgCIAEoCRIUCgxhc3BlY3RfcmF0aW8YAyABKAkSMAoKcmVzb2x1dGlvbhgEIAEoDjIcLm1tZ2F0ZS5pbWFnZXMudjEuUmVzb2x1dGlvbhIqCgdxdWFsaXR5GAUgASgOMhkubW1nYXRlLmltYWdlcy52MS5RdWFsaXR5EjUKDW91dHB1dF9mb3JtYXQYBiABKA4yHi5tbWdhdGUuaW1hZ2VzLnYxLk91dHB1dEZvcm1hdBIfChJvdXRwdXRfY29tcHJlc3Npb24YByABKA1IAYgBARIwCgpiYWNrZ3JvdW5kGAggASgOMhwubW1nYXRlLmltYWdlcy52MS5CYWNrZ3JvdW5kEjAKCm1vZGVyYXRpb24YCSABKA4yHC5tbWdhdGUuaW1hZ2VzLnYxLk1vZGVyYXRpb24SFgoOcGFydGlhbF9pbWFnZXMYCiABKA0SNwoOZmFpbHVyZV9wb2xpY3kYCyABKA4yHy5tbWdhdGUuaW1hZ2VzLnYxLkZhaWx1cmVQb2xpY3kSNwoOaW5wdXRfZmlkZWxpdHkYDCABKA4yHy5tbWdhdGUuaW1hZ2VzLnYxLklucHV0RmlkZWxpdHkSLQoGYWN0aW9uGA0gASgOMh0ubW1nYXRlLmltYWdlcy52MS5JbWFnZUFjdGlvbkIECgJfbkIVChNfb3V0cHV0X2NvbXByZXNzaW9uIjEKDlJvdXRpbmdPcHRpb25zEhAKCHByb3ZpZGVyGAEgASgJEg0KBW1vZGVsGAIgASgJIn0KDlNlc3Npb25PcHRpb25zEisKBG1vZGUYASABKA4yHS5tbWdhdGUuaW1hZ2VzLnYxLlNlc3Npb25Nb2RlEhAKA2tleRgCIAEoCUgAiAEBEhYKCXRocmVhZF9pZBgDIAEoCUgBiAEBQgYKBF9rZXlCDAoKX3RocmVhZF9pZCKGAgoPUmVxdWVzdFBvbGljaWVzEjoKDWNvbXBhdGliaWxpdHkYASABKA4yIy5tbWdhdGUuaW1hZ2VzLnYxLkNvbXBhdGliaWxpdHlNb2RlEj0KD25lZ2F0aXZlX3Byb21wdBgCIAEoDjIkLm1tZ2F0ZS5pbWFnZXMudjEuTmVnYXRpdmVQcm9tcHRNb2RlEj0KDnJldmlzZWRfcHJvbXB0GAMgASgOMiUubW1nYXRlLmltYWdlcy52MS5SZXZpc2VkUHJvbXB0UG9saWN5EjkKD2JhdGNoX2V4ZWN1dGlvbhgEIAEoDjIgLm1tZ2F0ZS5pbWFnZXMudjEuQmF0Y2hFeGVjdXRpb24iyAQKDUltYWdlUmVzcG9uc2USCgoCaWQYASABKAkSDwoHY3JlYXRlZBgCIAEoBBIQCghwcm92aWRlchgDIAEoCRINCgVtb2RlbBgEIAEoCRI5CglyZXF1ZXN0ZWQYBSABKAsyJi5tbWdhdGUuaW1hZ2VzLnYxLkdlbmVyYXRpb25QYXJhbWV0ZXJzEjkKCWVmZmVjdGl2ZRgGIAEoCzImLm1tZ2F0ZS5pbWFnZXMudjEuR2VuZXJhdGlvblBhcmFtZXRlcnMSNwoObm9ybWFsaXphdGlvbnMYByADKAsyHy5tbWdhdGUuaW1hZ2VzLnYxLk5vcm1hbGl6YXRpb24SLgoEZGF0YRgIIAMoCzIgLm1tZ2F0ZS5pbWFnZXMudjEuR2VuZXJhdGVkSW1hZ2USMAoIZmFpbHVyZXMYCSADKAsyHi5tbWdhdGUuaW1hZ2VzLnYxLkltYWdlRmFpbHVyZRIbCg5yZXZpc2VkX3Byb21wdBgKIAEoCUgAiAEBEisKBXVzYWdlGAsgASgLMhcubW1nYXRlLmltYWdlcy52MS5Vc2FnZUgBiAEBEjcKB3Nlc3Npb24YDCABKAsyIS5tbWdhdGUuaW1hZ2VzLnYxLlNlc3Npb25NZXRhZGF0YUgCiAEBEioKB3RpbWluZ3MYDSABKAsyGS5tbWdhdGUuaW1hZ2VzLnYxLlRpbWluZ3MSEAoId2FybmluZ3MYDiADKAlCEQoPX3JldmlzZWRfcHJvbXB0QggKBl91c2FnZUIKCghfc2Vzc2lvbiKEAQoNTm9ybWFsaXphdGlvbhINCgVmaWVsZBgBIAEoCRIpCglyZXF1ZXN0ZWQYAiABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUSKQoJZWZmZWN0aXZlGAMgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEg4KBnJlYXNvbhgEIAEoCSLvAQoOR2VuZXJhdGVkSW1hZ2USDQoFaW5kZXgYASABKA0SLgoGZm9ybWF0GAIgASgOMh4ubW1nYXRlLmltYWdlcy52MS5PdXRwdXRGb3JtYXQSDQoFd2lkdGgYAyABKA0SDgoGaGVpZ2h0GAQgASgNEhEKCWJ5dGVfc2l6ZRgFIAEoBBIOCgZzaGEyNTYYBiABKAkSGgoNZ2VuZXJhdGlvbl9tcxgHIAEoBEgBiAEBEg8KBWltYWdlGAggASgMSAASEgoIYjY0X2pzb24YCSABKAlIAEIJCgdwYXlsb2FkQhAKDl9nZW5lcmF0aW9uX21zImIKDEltYWdlRmFpbHVyZRINCgVpbmRleBgBIAEoDRIsCgVlcnJvchgCIAEoCzIdLm1tZ2F0ZS5pbWFnZXMudjEuRXJyb3JEZXRhaWwSFQoNZ2VuZXJhdGlvbl9tcxgDIAEoBCL3AQoFVXNhZ2USGQoMaW5wdXRfdG9rZW5zGAEgASgESACIAQESGgoNb3V0cHV0X3Rva2VucxgCIAEoBEgBiAEBEhkKDHRvdGFsX3Rva2VucxgDIAEoBEgCiAEBEjcKCHByb3ZpZGVyGAQgAygLMiUubW1nYXRlLmltYWdlcy52MS5Vc2FnZS5Qcm92aWRlckVudHJ5Gi8KDVByb3ZpZGVyRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgEOgI4AUIPCg1faW5wdXRfdG9rZW5zQhAKDl9vdXRwdXRfdG9rZW5zQg8KDV90b3RhbF90b2tlbnMiYQoPU2Vzc2lvbk1ldGFkYXRhEhAKA2tleRgBIAEoCUgAiAEBEhYKCXRocmVhZF9pZBgCIAEoCUgBiAEBEg4KBnJldXNlZBgDIAEoCEIGCgRfa2V5QgwKCl90aHJlYWRfaWQiaQoHVGltaW5ncxIQCghxdWV1ZV9tcxgBIAEoBBIQCghpbnB1dF9tcxgCIAEoBBITCgtwcm92aWRlcl9tcxgDIAEoBBITCgthcnRpZmFjdF9tcxgEIAEoBBIQCgh0b3RhbF9tcxgFIAEoBCL5AQoLRXJyb3JEZXRhaWwSKQoEY29kZRgBIAEoDjIbLm1tZ2F0ZS5pbWFnZXMudjEuRXJyb3JDb2RlEg8KB21lc3NhZ2UYAiABKAkSEQoJcmV0cnlhYmxlGAMgASgIEhUKCHByb3ZpZGVyGAQgASgJSACIAQESIAoTdXBzdHJlYW1fcmVxdWVzdF9pZBgFIAEoCUgBiAEBEigKB2RldGFpbHMYBiABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0EhMKC3N1Z2dlc3Rpb25zGAcgAygJQgsKCV9wcm92aWRlckIWChRfdXBzdHJlYW1fcmVxdWVzdF9pZCqIAQoOUmVzcG9uc2VGb3JtYXQSHwobUkVTUE9OU0VfRk9STUFUX1VOU1BFQ0lGSUVEEAASGQoVUkVTUE9OU0VfRk9STUFUX0JZVEVTEAESHAoYUkVTUE9OU0VfRk9STUFUX0I2NF9KU09OEAISHAoYUkVTUE9OU0VfRk9STUFUX01FVEFEQVRBEAMqYQoKUmVzb2x1dGlvbhIaChZSRVNPTFVUSU9OX1VOU1BFQ0lGSUVEEAASEQoNUkVTT0xVVElPTl8xSxABEhEKDVJFU09MVVRJT05fMksQAhIRCg1SRVNPTFVUSU9OXzRLEAMqawoHUXVhbGl0eRIXChNRVUFMSVRZX1VOU1BFQ0lGSUVEEAASEAoMUVVBTElUWV9BVVRPEAESDwoLUVVBTElUWV9MT1cQAhISCg5RVUFMSVRZX01FRElVTRADEhAKDFFVQUxJVFlfSElHSBAEKnQKDE91dHB1dEZvcm1hdBIdChlPVVRQVVRfRk9STUFUX1VOU1BFQ0lGSUVEEAASFQoRT1VUUFVUX0ZPUk1BVF9QTkcQARIWChJPVVRQVVRfRk9STUFUX0pQRUcQAhIWChJPVVRQVVRfRk9STUFUX1dFQlAQAypwCgpCYWNrZ3JvdW5kEhoKFkJBQ0tHUk9VTkRfVU5TUEVDSUZJRUQQABITCg9CQUNLR1JPVU5EX0FVVE8QARIVChFCQUNLR1JPVU5EX09QQVFVRRACEhoKFkJBQ0tHUk9VTkRfVFJBTlNQQVJFTlQQAypRCgpNb2RlcmF0aW9uEhoKFk1PREVSQVRJT05fVU5TUEVDSUZJRUQQABITCg9NT0RFUkFUSU9OX0FVVE8QARISCg5NT0RFUkFUSU9OX0xPVxACKm0KDUZhaWx1cmVQb2xpY3kSHgoaRkFJTFVSRV9QT0xJQ1lfVU5TUEVDSUZJRUQQABIcChhGQUlMVVJFX1BPTElDWV9GQUlMX0ZBU1QQARIeChpGQUlMVVJFX1BPTElDWV9CRVNUX0VGRk9SVBACKmAKDUlucHV0RmlkZWxpdHkSHgoaSU5QVVRfRklERUxJVFlfVU5TUEVDSUZJRUQQABIWChJJTlBVVF9GSURFTElUWV9MT1cQARIXChNJTlBVVF9GSURFTElUWV9ISUdIEAIqdAoLSW1hZ2VBY3Rpb24SHAoYSU1BR0VfQUNUSU9OX1VOU1BFQ0lGSUVEEAASFQoRSU1BR0VfQUNUSU9OX0FVVE8QARIZChVJTUFHRV9BQ1RJT05fR0VORVJBVEUQAhIVChFJTUFHRV9BQ1RJT05fRURJVBADKnwKC1Nlc3Npb25Nb2RlEhwKGFNFU1NJT05fTU9ERV9VTlNQRUNJRklFRBAAEhkKFVNFU1NJT05fTU9ERV9JU09MQVRFRBABEhsKF1NFU1NJT05fTU9ERV9QRVJTSVNURU5UEAISFwoTU0VTU0lPTl9NT0RFX1RIUkVBRBADKpwBChFDb21wYXRpYmlsaXR5TW9kZRIiCh5DT01QQVRJQklMSVRZX01PREVfVU5TUEVDSUZJRUQQABIdChlDT01QQVRJQklMSVRZX01PREVfU1RSSUNUEAESIAocQ09NUEFUSUJJTElUWV9NT0RFX05PUk1BTElaRRACEiIKHkNPTVBBVElCSUxJVFlfTU9ERV9CRVNUX0VGRk9SVBADKrsBChJOZWdhdGl2ZVByb21wdE1vZGUSJAogTkVHQVRJVkVfUFJPTVBUX01PREVfVU5TUEVDSUZJRUQQABIdChlORUdBVElWRV9QUk9NUFRfTU9ERV9BVVRPEAESHwobTkVHQVRJVkVfUFJPTVBUX01PREVfTkFUSVZFEAISHgoaTkVHQVRJVkVfUFJPTVBUX01PREVfTUVSR0UQAxIfChtORUdBVElWRV9QUk9NUFRfTU9ERV9SRUpFQ1QQBCqiAQoTUmV2aXNlZFByb21wdFBvbGljeRIlCiFSRVZJU0VEX1BST01QVF9QT0xJQ1lfVU5TUEVDSUZJRUQQABIhCh1SRVZJU0VEX1BST01QVF9QT0xJQ1lfSU5DTFVERRABEh4KGlJFVklTRURfUFJPTVBUX1BPTElDWV9PTUlUEAISIQodUkVWSVNFRF9QUk9NUFRfUE9MSUNZX1JFUVVJUkUQAyqJAQoOQmF0Y2hFeGVjdXRpb24SHwobQkFUQ0hfRVhFQ1VUSU9OX1VOU1BFQ0lGSUVEEAASGAoUQkFUQ0hfRVhFQ1VUSU9OX0FVVE8QARIeChpCQVRDSF9FWEVDVVRJT05fU0VRVUVOVElBTBACEhwKGEJBVENIX0VYRUNVVElPTl9QQVJBTExFTBADKo4ECglFcnJvckNvZGUSGgoWRVJST1JfQ09ERV9VTlNQRUNJRklFRBAAEh4KGkVSUk9SX0NPREVfSU5WQUxJRF9SRVFVRVNUEAESJQohRVJST1JfQ09ERV9VTlNVUFBPUlRFRF9DQVBBQklMSVRZEAISHAoYRVJST1JfQ09ERV9DT05GSUdVUkFUSU9OEAMSHQoZRVJST1JfQ09ERV9BVVRIRU5USUNBVElPThAEEiAKHEVSUk9SX0NPREVfUEVSTUlTU0lPTl9ERU5JRUQQBRIeChpFUlJPUl9DT0RFX1NBRkVUWV9SRUpFQ1RFRBAGEhsKF0VSUk9SX0NPREVfUkFURV9MSU1JVEVEEAcSGQoVRVJST1JfQ09ERV9PVkVSTE9BREVEEAgSFgoSRVJST1JfQ09ERV9USU1FT1VUEAkSGAoURVJST1JfQ09ERV9DQU5DRUxMRUQQChIXChNFUlJPUl9DT0RFX1VQU1RSRUFNEAsSFwoTRVJST1JfQ09ERV9QUk9UT0NPTBAMEhQKEEVSUk9SX0NPREVfSU5QVVQQDRIXChNFUlJPUl9DT0RFX0FSVElGQUNUEA4SFgoSRVJST1JfQ09ERV9TRVNTSU9OEA8SIwofRVJST1JfQ09ERV9JREVNUE9URU5DWV9DT05GTElDVBAQEhcKE0VSUk9SX0NPREVfSU5URVJOQUwQEWIGcHJvdG8z", [file_google_protobuf_struct]);
+  fileDesc("Ch1tbWdhdGUvaW1hZ2VzL3YxL2ltYWdlcy5wcm90bxIQbW1nYXRlLmltYWdlcy52MSKYBQoMSW1hZ2VSZXF1ZXN0Eg8KB3ZlcnNpb24YASABKAkSDgoGcHJvbXB0GAIgASgJEhwKD25lZ2F0aXZlX3Byb21wdBgDIAEoCUgBiAEBEjcKCGdlbmVyYXRlGAQgASgLMiMubW1nYXRlLmltYWdlcy52MS5HZW5lcmF0ZU9wZXJhdGlvbkgAEi8KBGVkaXQYBSABKAsyHy5tbWdhdGUuaW1hZ2VzLnYxLkVkaXRPcGVyYXRpb25IABI2ChByZWZlcmVuY2VfaW1hZ2VzGAYgAygLMhwubW1nYXRlLmltYWdlcy52MS5JbWFnZUlucHV0EjoKCnBhcmFtZXRlcnMYByABKAsyJi5tbWdhdGUuaW1hZ2VzLnYxLkdlbmVyYXRpb25QYXJhbWV0ZXJzEjEKB3JvdXRpbmcYCCABKAsyIC5tbWdhdGUuaW1hZ2VzLnYxLlJvdXRpbmdPcHRpb25zEjEKB3Nlc3Npb24YCSABKAsyIC5tbWdhdGUuaW1hZ2VzLnYxLlNlc3Npb25PcHRpb25zEjMKCHBvbGljaWVzGAogASgLMiEubW1nYXRlLmltYWdlcy52MS5SZXF1ZXN0UG9saWNpZXMSFwoKdGltZW91dF9tcxgLIAEoBEgCiAEBEhwKD2lkZW1wb3RlbmN5X2tleRgMIAEoCUgDiAEBEhEKBHVzZXIYDSABKAlIBIgBARI5Cg9yZXNwb25zZV9mb3JtYXQYDiABKA4yIC5tbWdhdGUuaW1hZ2VzLnYxLlJlc3BvbnNlRm9ybWF0QgsKCW9wZXJhdGlvbkISChBfbmVnYXRpdmVfcHJvbXB0Qg0KC190aW1lb3V0X21zQhIKEF9pZGVtcG90ZW5jeV9rZXlCBwoFX3VzZXIiEwoRR2VuZXJhdGVPcGVyYXRpb24idwoNRWRpdE9wZXJhdGlvbhIsCgZpbWFnZXMYASADKAsyHC5tbWdhdGUuaW1hZ2VzLnYxLkltYWdlSW5wdXQSLwoEbWFzaxgCIAEoCzIcLm1tZ2F0ZS5pbWFnZXMudjEuSW1hZ2VJbnB1dEgAiAEBQgcKBV9tYXNrIkAKCkltYWdlSW5wdXQSDAoEZGF0YRgBIAEoDBISCgptZWRpYV90eXBlGAIgASgJEhAKCGZpbGVuYW1lGAMgASgJIroEChRHZW5lcmF0aW9uUGFyYW1ldGVycxIOCgFuGAEgASgNSACIAQESDAoEc2l6ZRgCIAEoCRIUCgxhc3BlY3RfcmF0aW8YAyABKAkSMAoKcmVzb2x1dGlvbhgEIAEoDjIcLm1tZ2F0ZS5pbWFnZXMudjEuUmVzb2x1dGlvbhIqCgdxdWFsaXR5GAUgASgOMhkubW1nYXRlLmltYWdlcy52MS5RdWFsaXR5EjUKDW91dHB1dF9mb3JtYXQYBiABKA4yHi5tbWdhdGUuaW1hZ2VzLnYxLk91dHB1dEZvcm1hdBIfChJvdXRwdXRfY29tcHJlc3Npb24YByABKA1IAYgBARIwCgpiYWNrZ3JvdW5kGAggASgOMhwubW1nYXRlLmltYWdlcy52MS5CYWNrZ3JvdW5kEjAKCm1vZGVyYXRpb24YCSABKA4yHC5tbWdhdGUuaW1hZ2VzLnYxLk1vZGVyYXRpb24SFgoOcGFydGlhbF9pbWFnZXMYCiABKA0SNwoOZmFpbHVyZV9wb2xpY3kYCyABKA4yHy5tbWdhdGUuaW1hZ2VzLnYxLkZhaWx1cmVQb2xpY3kSNwoOaW5wdXRfZmlkZWxpdHkYDCABKA4yHy5tbWdhdGUuaW1hZ2VzLnYxLklucHV0RmlkZWxpdHkSLQoGYWN0aW9uGA0gASgOMh0ubW1nYXRlLmltYWdlcy52MS5JbWFnZUFjdGlvbkIECgJfbkIVChNfb3V0cHV0X2NvbXByZXNzaW9uIqABCg5Sb3V0aW5nT3B0aW9ucxIQCghwcm92aWRlchgBIAEoCRINCgVtb2RlbBgCIAEoCRIyCglmYWxsYmFja3MYAyADKAsyHy5tbWdhdGUuaW1hZ2VzLnYxLkZhbGxiYWNrUm91dGUSOQoPZmFsbGJhY2tfcG9saWN5GAQgASgOMiAubW1nYXRlLmltYWdlcy52MS5GYWxsYmFja1BvbGljeSIwCg1GYWxsYmFja1JvdXRlEhAKCHByb3ZpZGVyGAEgASgJEg0KBW1vZGVsGAIgASgJIn0KDlNlc3Npb25PcHRpb25zEisKBG1vZGUYASABKA4yHS5tbWdhdGUuaW1hZ2VzLnYxLlNlc3Npb25Nb2RlEhAKA2tleRgCIAEoCUgAiAEBEhYKCXRocmVhZF9pZBgDIAEoCUgBiAEBQgYKBF9rZXlCDAoKX3RocmVhZF9pZCKGAgoPUmVxdWVzdFBvbGljaWVzEjoKDWNvbXBhdGliaWxpdHkYASABKA4yIy5tbWdhdGUuaW1hZ2VzLnYxLkNvbXBhdGliaWxpdHlNb2RlEj0KD25lZ2F0aXZlX3Byb21wdBgCIAEoDjIkLm1tZ2F0ZS5pbWFnZXMudjEuTmVnYXRpdmVQcm9tcHRNb2RlEj0KDnJldmlzZWRfcHJvbXB0GAMgASgOMiUubW1nYXRlLmltYWdlcy52MS5SZXZpc2VkUHJvbXB0UG9saWN5EjkKD2JhdGNoX2V4ZWN1dGlvbhgEIAEoDjIgLm1tZ2F0ZS5pbWFnZXMudjEuQmF0Y2hFeGVjdXRpb24i/QQKDUltYWdlUmVzcG9uc2USCgoCaWQYASABKAkSDwoHY3JlYXRlZBgCIAEoBBIQCghwcm92aWRlchgDIAEoCRINCgVtb2RlbBgEIAEoCRI5CglyZXF1ZXN0ZWQYBSABKAsyJi5tbWdhdGUuaW1hZ2VzLnYxLkdlbmVyYXRpb25QYXJhbWV0ZXJzEjkKCWVmZmVjdGl2ZRgGIAEoCzImLm1tZ2F0ZS5pbWFnZXMudjEuR2VuZXJhdGlvblBhcmFtZXRlcnMSNwoObm9ybWFsaXphdGlvbnMYByADKAsyHy5tbWdhdGUuaW1hZ2VzLnYxLk5vcm1hbGl6YXRpb24SLgoEZGF0YRgIIAMoCzIgLm1tZ2F0ZS5pbWFnZXMudjEuR2VuZXJhdGVkSW1hZ2USMAoIZmFpbHVyZXMYCSADKAsyHi5tbWdhdGUuaW1hZ2VzLnYxLkltYWdlRmFpbHVyZRIbCg5yZXZpc2VkX3Byb21wdBgKIAEoCUgAiAEBEisKBXVzYWdlGAsgASgLMhcubW1nYXRlLmltYWdlcy52MS5Vc2FnZUgBiAEBEjcKB3Nlc3Npb24YDCABKAsyIS5tbWdhdGUuaW1hZ2VzLnYxLlNlc3Npb25NZXRhZGF0YUgCiAEBEioKB3RpbWluZ3MYDSABKAsyGS5tbWdhdGUuaW1hZ2VzLnYxLlRpbWluZ3MSEAoId2FybmluZ3MYDiADKAkSMwoIYXR0ZW1wdHMYDyADKAsyIS5tbWdhdGUuaW1hZ2VzLnYxLlByb3ZpZGVyQXR0ZW1wdEIRCg9fcmV2aXNlZF9wcm9tcHRCCAoGX3VzYWdlQgoKCF9zZXNzaW9uItYBCg9Qcm92aWRlckF0dGVtcHQSEAoIcHJvdmlkZXIYASABKAkSEgoFbW9kZWwYAiABKAlIAIgBARI5CgdvdXRjb21lGAMgASgOMigubW1nYXRlLmltYWdlcy52MS5Qcm92aWRlckF0dGVtcHRPdXRjb21lEjQKCmVycm9yX2NvZGUYBCABKA4yGy5tbWdhdGUuaW1hZ2VzLnYxLkVycm9yQ29kZUgBiAEBEhMKC2R1cmF0aW9uX21zGAUgASgEQggKBl9tb2RlbEINCgtfZXJyb3JfY29kZSKEAQoNTm9ybWFsaXphdGlvbhINCgVmaWVsZBgBIAEoCRIpCglyZXF1ZXN0ZWQYAiABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUSKQoJZWZmZWN0aXZlGAMgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEg4KBnJlYXNvbhgEIAEoCSLvAQoOR2VuZXJhdGVkSW1hZ2USDQoFaW5kZXgYASABKA0SLgoGZm9ybWF0GAIgASgOMh4ubW1nYXRlLmltYWdlcy52MS5PdXRwdXRGb3JtYXQSDQoFd2lkdGgYAyABKA0SDgoGaGVpZ2h0GAQgASgNEhEKCWJ5dGVfc2l6ZRgFIAEoBBIOCgZzaGEyNTYYBiABKAkSGgoNZ2VuZXJhdGlvbl9tcxgHIAEoBEgBiAEBEg8KBWltYWdlGAggASgMSAASEgoIYjY0X2pzb24YCSABKAlIAEIJCgdwYXlsb2FkQhAKDl9nZW5lcmF0aW9uX21zImIKDEltYWdlRmFpbHVyZRINCgVpbmRleBgBIAEoDRIsCgVlcnJvchgCIAEoCzIdLm1tZ2F0ZS5pbWFnZXMudjEuRXJyb3JEZXRhaWwSFQoNZ2VuZXJhdGlvbl9tcxgDIAEoBCL3AQoFVXNhZ2USGQoMaW5wdXRfdG9rZW5zGAEgASgESACIAQESGgoNb3V0cHV0X3Rva2VucxgCIAEoBEgBiAEBEhkKDHRvdGFsX3Rva2VucxgDIAEoBEgCiAEBEjcKCHByb3ZpZGVyGAQgAygLMiUubW1nYXRlLmltYWdlcy52MS5Vc2FnZS5Qcm92aWRlckVudHJ5Gi8KDVByb3ZpZGVyRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgEOgI4AUIPCg1faW5wdXRfdG9rZW5zQhAKDl9vdXRwdXRfdG9rZW5zQg8KDV90b3RhbF90b2tlbnMiYQoPU2Vzc2lvbk1ldGFkYXRhEhAKA2tleRgBIAEoCUgAiAEBEhYKCXRocmVhZF9pZBgCIAEoCUgBiAEBEg4KBnJldXNlZBgDIAEoCEIGCgRfa2V5QgwKCl90aHJlYWRfaWQiaQoHVGltaW5ncxIQCghxdWV1ZV9tcxgBIAEoBBIQCghpbnB1dF9tcxgCIAEoBBITCgtwcm92aWRlcl9tcxgDIAEoBBITCgthcnRpZmFjdF9tcxgEIAEoBBIQCgh0b3RhbF9tcxgFIAEoBCL5AQoLRXJyb3JEZXRhaWwSKQoEY29kZRgBIAEoDjIbLm1tZ2F0ZS5pbWFnZXMudjEuRXJyb3JDb2RlEg8KB21lc3NhZ2UYAiABKAkSEQoJcmV0cnlhYmxlGAMgASgIEhUKCHByb3ZpZGVyGAQgASgJSACIAQESIAoTdXBzdHJlYW1fcmVxdWVzdF9pZBgFIAEoCUgBiAEBEigKB2RldGFpbHMYBiABKAsyFy5nb29nbGUucHJvdG9idWYuU3RydWN0EhMKC3N1Z2dlc3Rpb25zGAcgAygJQgsKCV9wcm92aWRlckIWChRfdXBzdHJlYW1fcmVxdWVzdF9pZCpzCg5GYWxsYmFja1BvbGljeRIfChtGQUxMQkFDS19QT0xJQ1lfVU5TUEVDSUZJRUQQABIiCh5GQUxMQkFDS19QT0xJQ1lfT05fVU5BVkFJTEFCTEUQARIcChhGQUxMQkFDS19QT0xJQ1lfT05fRVJST1IQAiqIAQoOUmVzcG9uc2VGb3JtYXQSHwobUkVTUE9OU0VfRk9STUFUX1VOU1BFQ0lGSUVEEAASGQoVUkVTUE9OU0VfRk9STUFUX0JZVEVTEAESHAoYUkVTUE9OU0VfRk9STUFUX0I2NF9KU09OEAISHAoYUkVTUE9OU0VfRk9STUFUX01FVEFEQVRBEAMqYQoKUmVzb2x1dGlvbhIaChZSRVNPTFVUSU9OX1VOU1BFQ0lGSUVEEAASEQoNUkVTT0xVVElPTl8xSxABEhEKDVJFU09MVVRJT05fMksQAhIRCg1SRVNPTFVUSU9OXzRLEAMqawoHUXVhbGl0eRIXChNRVUFMSVRZX1VOU1BFQ0lGSUVEEAASEAoMUVVBTElUWV9BVVRPEAESDwoLUVVBTElUWV9MT1cQAhISCg5RVUFMSVRZX01FRElVTRADEhAKDFFVQUxJVFlfSElHSBAEKnQKDE91dHB1dEZvcm1hdBIdChlPVVRQVVRfRk9STUFUX1VOU1BFQ0lGSUVEEAASFQoRT1VUUFVUX0ZPUk1BVF9QTkcQARIWChJPVVRQVVRfRk9STUFUX0pQRUcQAhIWChJPVVRQVVRfRk9STUFUX1dFQlAQAypwCgpCYWNrZ3JvdW5kEhoKFkJBQ0tHUk9VTkRfVU5TUEVDSUZJRUQQABITCg9CQUNLR1JPVU5EX0FVVE8QARIVChFCQUNLR1JPVU5EX09QQVFVRRACEhoKFkJBQ0tHUk9VTkRfVFJBTlNQQVJFTlQQAypRCgpNb2RlcmF0aW9uEhoKFk1PREVSQVRJT05fVU5TUEVDSUZJRUQQABITCg9NT0RFUkFUSU9OX0FVVE8QARISCg5NT0RFUkFUSU9OX0xPVxACKm0KDUZhaWx1cmVQb2xpY3kSHgoaRkFJTFVSRV9QT0xJQ1lfVU5TUEVDSUZJRUQQABIcChhGQUlMVVJFX1BPTElDWV9GQUlMX0ZBU1QQARIeChpGQUlMVVJFX1BPTElDWV9CRVNUX0VGRk9SVBACKmAKDUlucHV0RmlkZWxpdHkSHgoaSU5QVVRfRklERUxJVFlfVU5TUEVDSUZJRUQQABIWChJJTlBVVF9GSURFTElUWV9MT1cQARIXChNJTlBVVF9GSURFTElUWV9ISUdIEAIqdAoLSW1hZ2VBY3Rpb24SHAoYSU1BR0VfQUNUSU9OX1VOU1BFQ0lGSUVEEAASFQoRSU1BR0VfQUNUSU9OX0FVVE8QARIZChVJTUFHRV9BQ1RJT05fR0VORVJBVEUQAhIVChFJTUFHRV9BQ1RJT05fRURJVBADKnwKC1Nlc3Npb25Nb2RlEhwKGFNFU1NJT05fTU9ERV9VTlNQRUNJRklFRBAAEhkKFVNFU1NJT05fTU9ERV9JU09MQVRFRBABEhsKF1NFU1NJT05fTU9ERV9QRVJTSVNURU5UEAISFwoTU0VTU0lPTl9NT0RFX1RIUkVBRBADKpwBChFDb21wYXRpYmlsaXR5TW9kZRIiCh5DT01QQVRJQklMSVRZX01PREVfVU5TUEVDSUZJRUQQABIdChlDT01QQVRJQklMSVRZX01PREVfU1RSSUNUEAESIAocQ09NUEFUSUJJTElUWV9NT0RFX05PUk1BTElaRRACEiIKHkNPTVBBVElCSUxJVFlfTU9ERV9CRVNUX0VGRk9SVBADKrsBChJOZWdhdGl2ZVByb21wdE1vZGUSJAogTkVHQVRJVkVfUFJPTVBUX01PREVfVU5TUEVDSUZJRUQQABIdChlORUdBVElWRV9QUk9NUFRfTU9ERV9BVVRPEAESHwobTkVHQVRJVkVfUFJPTVBUX01PREVfTkFUSVZFEAISHgoaTkVHQVRJVkVfUFJPTVBUX01PREVfTUVSR0UQAxIfChtORUdBVElWRV9QUk9NUFRfTU9ERV9SRUpFQ1QQBCqiAQoTUmV2aXNlZFByb21wdFBvbGljeRIlCiFSRVZJU0VEX1BST01QVF9QT0xJQ1lfVU5TUEVDSUZJRUQQABIhCh1SRVZJU0VEX1BST01QVF9QT0xJQ1lfSU5DTFVERRABEh4KGlJFVklTRURfUFJPTVBUX1BPTElDWV9PTUlUEAISIQodUkVWSVNFRF9QUk9NUFRfUE9MSUNZX1JFUVVJUkUQAyqJAQoOQmF0Y2hFeGVjdXRpb24SHwobQkFUQ0hfRVhFQ1VUSU9OX1VOU1BFQ0lGSUVEEAASGAoUQkFUQ0hfRVhFQ1VUSU9OX0FVVE8QARIeChpCQVRDSF9FWEVDVVRJT05fU0VRVUVOVElBTBACEhwKGEJBVENIX0VYRUNVVElPTl9QQVJBTExFTBADKo8BChZQcm92aWRlckF0dGVtcHRPdXRjb21lEigKJFBST1ZJREVSX0FUVEVNUFRfT1VUQ09NRV9VTlNQRUNJRklFRBAAEiYKIlBST1ZJREVSX0FUVEVNUFRfT1VUQ09NRV9TVUNDRUVERUQQARIjCh9QUk9WSURFUl9BVFRFTVBUX09VVENPTUVfRkFJTEVEEAIqjgQKCUVycm9yQ29kZRIaChZFUlJPUl9DT0RFX1VOU1BFQ0lGSUVEEAASHgoaRVJST1JfQ09ERV9JTlZBTElEX1JFUVVFU1QQARIlCiFFUlJPUl9DT0RFX1VOU1VQUE9SVEVEX0NBUEFCSUxJVFkQAhIcChhFUlJPUl9DT0RFX0NPTkZJR1VSQVRJT04QAxIdChlFUlJPUl9DT0RFX0FVVEhFTlRJQ0FUSU9OEAQSIAocRVJST1JfQ09ERV9QRVJNSVNTSU9OX0RFTklFRBAFEh4KGkVSUk9SX0NPREVfU0FGRVRZX1JFSkVDVEVEEAYSGwoXRVJST1JfQ09ERV9SQVRFX0xJTUlURUQQBxIZChVFUlJPUl9DT0RFX09WRVJMT0FERUQQCBIWChJFUlJPUl9DT0RFX1RJTUVPVVQQCRIYChRFUlJPUl9DT0RFX0NBTkNFTExFRBAKEhcKE0VSUk9SX0NPREVfVVBTVFJFQU0QCxIXChNFUlJPUl9DT0RFX1BST1RPQ09MEAwSFAoQRVJST1JfQ09ERV9JTlBVVBANEhcKE0VSUk9SX0NPREVfQVJUSUZBQ1QQDhIWChJFUlJPUl9DT0RFX1NFU1NJT04QDxIjCh9FUlJPUl9DT0RFX0lERU1QT1RFTkNZX0NPTkZMSUNUEBASFwoTRVJST1JfQ09ERV9JTlRFUk5BTBARYgZwcm90bzM", [file_google_protobuf_struct]);
 
 /**
  * One image operation: generate from a prompt, or edit source images.
@@ -94,6 +94,10 @@ export type ImageRequest = Message<"mmgate.images.v1.ImageRequest"> & {
   timeoutMs?: bigint | undefined;
 
   /**
+   * A retried call with the same key (and the same request) gets the first
+   * call's result instead of running again. The idempotency-key request
+   * header is equivalent; when both are sent they must be equal.
+   *
    * @generated from field: optional string idempotency_key = 12;
    */
   idempotencyKey?: string | undefined;
@@ -292,6 +296,21 @@ export type RoutingOptions = Message<"mmgate.images.v1.RoutingOptions"> & {
    * @generated from field: string model = 2;
    */
   model: string;
+
+  /**
+   * Routes tried in order when the primary fails in a way fallback_policy
+   * allows; never after an unknown outcome or once stream events were sent.
+   * At most 4, unique, registered, none equal to the primary route, and only
+   * with isolated sessions.
+   *
+   * @generated from field: repeated mmgate.images.v1.FallbackRoute fallbacks = 3;
+   */
+  fallbacks: FallbackRoute[];
+
+  /**
+   * @generated from field: mmgate.images.v1.FallbackPolicy fallback_policy = 4;
+   */
+  fallbackPolicy: FallbackPolicy;
 };
 
 /**
@@ -300,6 +319,32 @@ export type RoutingOptions = Message<"mmgate.images.v1.RoutingOptions"> & {
  */
 export const RoutingOptionsSchema: GenMessage<RoutingOptions> = /*@__PURE__*/
   messageDesc(file_mmgate_images_v1_images, 5);
+
+/**
+ * One fallback route: a registered provider and, optionally, its model.
+ *
+ * @generated from message mmgate.images.v1.FallbackRoute
+ */
+export type FallbackRoute = Message<"mmgate.images.v1.FallbackRoute"> & {
+  /**
+   * @generated from field: string provider = 1;
+   */
+  provider: string;
+
+  /**
+   * Empty means the provider's default model.
+   *
+   * @generated from field: string model = 2;
+   */
+  model: string;
+};
+
+/**
+ * Describes the message mmgate.images.v1.FallbackRoute.
+ * Use `create(FallbackRouteSchema)` to create a new message.
+ */
+export const FallbackRouteSchema: GenMessage<FallbackRoute> = /*@__PURE__*/
+  messageDesc(file_mmgate_images_v1_images, 6);
 
 /**
  * @generated from message mmgate.images.v1.SessionOptions
@@ -330,7 +375,7 @@ export type SessionOptions = Message<"mmgate.images.v1.SessionOptions"> & {
  * Use `create(SessionOptionsSchema)` to create a new message.
  */
 export const SessionOptionsSchema: GenMessage<SessionOptions> = /*@__PURE__*/
-  messageDesc(file_mmgate_images_v1_images, 6);
+  messageDesc(file_mmgate_images_v1_images, 7);
 
 /**
  * @generated from message mmgate.images.v1.RequestPolicies
@@ -362,7 +407,7 @@ export type RequestPolicies = Message<"mmgate.images.v1.RequestPolicies"> & {
  * Use `create(RequestPoliciesSchema)` to create a new message.
  */
 export const RequestPoliciesSchema: GenMessage<RequestPolicies> = /*@__PURE__*/
-  messageDesc(file_mmgate_images_v1_images, 7);
+  messageDesc(file_mmgate_images_v1_images, 8);
 
 /**
  * @generated from message mmgate.images.v1.ImageResponse
@@ -451,6 +496,14 @@ export type ImageResponse = Message<"mmgate.images.v1.ImageResponse"> & {
    * @generated from field: repeated string warnings = 14;
    */
   warnings: string[];
+
+  /**
+   * One entry per route tried, in order; only when the request had
+   * routing.fallbacks.
+   *
+   * @generated from field: repeated mmgate.images.v1.ProviderAttempt attempts = 15;
+   */
+  attempts: ProviderAttempt[];
 };
 
 /**
@@ -458,7 +511,50 @@ export type ImageResponse = Message<"mmgate.images.v1.ImageResponse"> & {
  * Use `create(ImageResponseSchema)` to create a new message.
  */
 export const ImageResponseSchema: GenMessage<ImageResponse> = /*@__PURE__*/
-  messageDesc(file_mmgate_images_v1_images, 8);
+  messageDesc(file_mmgate_images_v1_images, 9);
+
+/**
+ * One route the runtime tried for a request with fallbacks.
+ *
+ * @generated from message mmgate.images.v1.ProviderAttempt
+ */
+export type ProviderAttempt = Message<"mmgate.images.v1.ProviderAttempt"> & {
+  /**
+   * @generated from field: string provider = 1;
+   */
+  provider: string;
+
+  /**
+   * The model asked for on this route; absent means the provider default.
+   *
+   * @generated from field: optional string model = 2;
+   */
+  model?: string | undefined;
+
+  /**
+   * @generated from field: mmgate.images.v1.ProviderAttemptOutcome outcome = 3;
+   */
+  outcome: ProviderAttemptOutcome;
+
+  /**
+   * The error code of a failed attempt.
+   *
+   * @generated from field: optional mmgate.images.v1.ErrorCode error_code = 4;
+   */
+  errorCode?: ErrorCode | undefined;
+
+  /**
+   * @generated from field: uint64 duration_ms = 5;
+   */
+  durationMs: bigint;
+};
+
+/**
+ * Describes the message mmgate.images.v1.ProviderAttempt.
+ * Use `create(ProviderAttemptSchema)` to create a new message.
+ */
+export const ProviderAttemptSchema: GenMessage<ProviderAttempt> = /*@__PURE__*/
+  messageDesc(file_mmgate_images_v1_images, 10);
 
 /**
  * @generated from message mmgate.images.v1.Normalization
@@ -494,7 +590,7 @@ export type Normalization = Message<"mmgate.images.v1.Normalization"> & {
  * Use `create(NormalizationSchema)` to create a new message.
  */
 export const NormalizationSchema: GenMessage<Normalization> = /*@__PURE__*/
-  messageDesc(file_mmgate_images_v1_images, 9);
+  messageDesc(file_mmgate_images_v1_images, 11);
 
 /**
  * @generated from message mmgate.images.v1.GeneratedImage
@@ -564,7 +660,7 @@ export type GeneratedImage = Message<"mmgate.images.v1.GeneratedImage"> & {
  * Use `create(GeneratedImageSchema)` to create a new message.
  */
 export const GeneratedImageSchema: GenMessage<GeneratedImage> = /*@__PURE__*/
-  messageDesc(file_mmgate_images_v1_images, 10);
+  messageDesc(file_mmgate_images_v1_images, 12);
 
 /**
  * @generated from message mmgate.images.v1.ImageFailure
@@ -591,7 +687,7 @@ export type ImageFailure = Message<"mmgate.images.v1.ImageFailure"> & {
  * Use `create(ImageFailureSchema)` to create a new message.
  */
 export const ImageFailureSchema: GenMessage<ImageFailure> = /*@__PURE__*/
-  messageDesc(file_mmgate_images_v1_images, 11);
+  messageDesc(file_mmgate_images_v1_images, 13);
 
 /**
  * @generated from message mmgate.images.v1.Usage
@@ -623,7 +719,7 @@ export type Usage = Message<"mmgate.images.v1.Usage"> & {
  * Use `create(UsageSchema)` to create a new message.
  */
 export const UsageSchema: GenMessage<Usage> = /*@__PURE__*/
-  messageDesc(file_mmgate_images_v1_images, 12);
+  messageDesc(file_mmgate_images_v1_images, 14);
 
 /**
  * @generated from message mmgate.images.v1.SessionMetadata
@@ -650,7 +746,7 @@ export type SessionMetadata = Message<"mmgate.images.v1.SessionMetadata"> & {
  * Use `create(SessionMetadataSchema)` to create a new message.
  */
 export const SessionMetadataSchema: GenMessage<SessionMetadata> = /*@__PURE__*/
-  messageDesc(file_mmgate_images_v1_images, 13);
+  messageDesc(file_mmgate_images_v1_images, 15);
 
 /**
  * @generated from message mmgate.images.v1.Timings
@@ -687,7 +783,7 @@ export type Timings = Message<"mmgate.images.v1.Timings"> & {
  * Use `create(TimingsSchema)` to create a new message.
  */
 export const TimingsSchema: GenMessage<Timings> = /*@__PURE__*/
-  messageDesc(file_mmgate_images_v1_images, 14);
+  messageDesc(file_mmgate_images_v1_images, 16);
 
 /**
  * Typed error detail attached to every failed call and to each best-effort
@@ -741,7 +837,40 @@ export type ErrorDetail = Message<"mmgate.images.v1.ErrorDetail"> & {
  * Use `create(ErrorDetailSchema)` to create a new message.
  */
 export const ErrorDetailSchema: GenMessage<ErrorDetail> = /*@__PURE__*/
-  messageDesc(file_mmgate_images_v1_images, 15);
+  messageDesc(file_mmgate_images_v1_images, 17);
+
+/**
+ * @generated from enum mmgate.images.v1.FallbackPolicy
+ */
+export enum FallbackPolicy {
+  /**
+   * @generated from enum value: FALLBACK_POLICY_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * Only refusals that say the provider cannot take the request now:
+   * configuration, authentication, unsupported_capability, rate_limited,
+   * overloaded (the default).
+   *
+   * @generated from enum value: FALLBACK_POLICY_ON_UNAVAILABLE = 1;
+   */
+  ON_UNAVAILABLE = 1,
+
+  /**
+   * Also definite provider failures: upstream, protocol, input, artifact,
+   * internal.
+   *
+   * @generated from enum value: FALLBACK_POLICY_ON_ERROR = 2;
+   */
+  ON_ERROR = 2,
+}
+
+/**
+ * Describes the enum mmgate.images.v1.FallbackPolicy.
+ */
+export const FallbackPolicySchema: GenEnum<FallbackPolicy> = /*@__PURE__*/
+  enumDesc(file_mmgate_images_v1_images, 0);
 
 /**
  * @generated from enum mmgate.images.v1.ResponseFormat
@@ -778,7 +907,7 @@ export enum ResponseFormat {
  * Describes the enum mmgate.images.v1.ResponseFormat.
  */
 export const ResponseFormatSchema: GenEnum<ResponseFormat> = /*@__PURE__*/
-  enumDesc(file_mmgate_images_v1_images, 0);
+  enumDesc(file_mmgate_images_v1_images, 1);
 
 /**
  * @generated from enum mmgate.images.v1.Resolution
@@ -809,7 +938,7 @@ export enum Resolution {
  * Describes the enum mmgate.images.v1.Resolution.
  */
 export const ResolutionSchema: GenEnum<Resolution> = /*@__PURE__*/
-  enumDesc(file_mmgate_images_v1_images, 1);
+  enumDesc(file_mmgate_images_v1_images, 2);
 
 /**
  * @generated from enum mmgate.images.v1.Quality
@@ -845,7 +974,7 @@ export enum Quality {
  * Describes the enum mmgate.images.v1.Quality.
  */
 export const QualitySchema: GenEnum<Quality> = /*@__PURE__*/
-  enumDesc(file_mmgate_images_v1_images, 2);
+  enumDesc(file_mmgate_images_v1_images, 3);
 
 /**
  * @generated from enum mmgate.images.v1.OutputFormat
@@ -876,7 +1005,7 @@ export enum OutputFormat {
  * Describes the enum mmgate.images.v1.OutputFormat.
  */
 export const OutputFormatSchema: GenEnum<OutputFormat> = /*@__PURE__*/
-  enumDesc(file_mmgate_images_v1_images, 3);
+  enumDesc(file_mmgate_images_v1_images, 4);
 
 /**
  * @generated from enum mmgate.images.v1.Background
@@ -907,7 +1036,7 @@ export enum Background {
  * Describes the enum mmgate.images.v1.Background.
  */
 export const BackgroundSchema: GenEnum<Background> = /*@__PURE__*/
-  enumDesc(file_mmgate_images_v1_images, 4);
+  enumDesc(file_mmgate_images_v1_images, 5);
 
 /**
  * @generated from enum mmgate.images.v1.Moderation
@@ -933,7 +1062,7 @@ export enum Moderation {
  * Describes the enum mmgate.images.v1.Moderation.
  */
 export const ModerationSchema: GenEnum<Moderation> = /*@__PURE__*/
-  enumDesc(file_mmgate_images_v1_images, 5);
+  enumDesc(file_mmgate_images_v1_images, 6);
 
 /**
  * @generated from enum mmgate.images.v1.FailurePolicy
@@ -963,7 +1092,7 @@ export enum FailurePolicy {
  * Describes the enum mmgate.images.v1.FailurePolicy.
  */
 export const FailurePolicySchema: GenEnum<FailurePolicy> = /*@__PURE__*/
-  enumDesc(file_mmgate_images_v1_images, 6);
+  enumDesc(file_mmgate_images_v1_images, 7);
 
 /**
  * @generated from enum mmgate.images.v1.InputFidelity
@@ -989,7 +1118,7 @@ export enum InputFidelity {
  * Describes the enum mmgate.images.v1.InputFidelity.
  */
 export const InputFidelitySchema: GenEnum<InputFidelity> = /*@__PURE__*/
-  enumDesc(file_mmgate_images_v1_images, 7);
+  enumDesc(file_mmgate_images_v1_images, 8);
 
 /**
  * @generated from enum mmgate.images.v1.ImageAction
@@ -1020,7 +1149,7 @@ export enum ImageAction {
  * Describes the enum mmgate.images.v1.ImageAction.
  */
 export const ImageActionSchema: GenEnum<ImageAction> = /*@__PURE__*/
-  enumDesc(file_mmgate_images_v1_images, 8);
+  enumDesc(file_mmgate_images_v1_images, 9);
 
 /**
  * @generated from enum mmgate.images.v1.SessionMode
@@ -1051,7 +1180,7 @@ export enum SessionMode {
  * Describes the enum mmgate.images.v1.SessionMode.
  */
 export const SessionModeSchema: GenEnum<SessionMode> = /*@__PURE__*/
-  enumDesc(file_mmgate_images_v1_images, 9);
+  enumDesc(file_mmgate_images_v1_images, 10);
 
 /**
  * @generated from enum mmgate.images.v1.CompatibilityMode
@@ -1088,7 +1217,7 @@ export enum CompatibilityMode {
  * Describes the enum mmgate.images.v1.CompatibilityMode.
  */
 export const CompatibilityModeSchema: GenEnum<CompatibilityMode> = /*@__PURE__*/
-  enumDesc(file_mmgate_images_v1_images, 10);
+  enumDesc(file_mmgate_images_v1_images, 11);
 
 /**
  * @generated from enum mmgate.images.v1.NegativePromptMode
@@ -1124,7 +1253,7 @@ export enum NegativePromptMode {
  * Describes the enum mmgate.images.v1.NegativePromptMode.
  */
 export const NegativePromptModeSchema: GenEnum<NegativePromptMode> = /*@__PURE__*/
-  enumDesc(file_mmgate_images_v1_images, 11);
+  enumDesc(file_mmgate_images_v1_images, 12);
 
 /**
  * @generated from enum mmgate.images.v1.RevisedPromptPolicy
@@ -1155,7 +1284,7 @@ export enum RevisedPromptPolicy {
  * Describes the enum mmgate.images.v1.RevisedPromptPolicy.
  */
 export const RevisedPromptPolicySchema: GenEnum<RevisedPromptPolicy> = /*@__PURE__*/
-  enumDesc(file_mmgate_images_v1_images, 12);
+  enumDesc(file_mmgate_images_v1_images, 13);
 
 /**
  * @generated from enum mmgate.images.v1.BatchExecution
@@ -1190,7 +1319,33 @@ export enum BatchExecution {
  * Describes the enum mmgate.images.v1.BatchExecution.
  */
 export const BatchExecutionSchema: GenEnum<BatchExecution> = /*@__PURE__*/
-  enumDesc(file_mmgate_images_v1_images, 13);
+  enumDesc(file_mmgate_images_v1_images, 14);
+
+/**
+ * @generated from enum mmgate.images.v1.ProviderAttemptOutcome
+ */
+export enum ProviderAttemptOutcome {
+  /**
+   * @generated from enum value: PROVIDER_ATTEMPT_OUTCOME_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * @generated from enum value: PROVIDER_ATTEMPT_OUTCOME_SUCCEEDED = 1;
+   */
+  SUCCEEDED = 1,
+
+  /**
+   * @generated from enum value: PROVIDER_ATTEMPT_OUTCOME_FAILED = 2;
+   */
+  FAILED = 2,
+}
+
+/**
+ * Describes the enum mmgate.images.v1.ProviderAttemptOutcome.
+ */
+export const ProviderAttemptOutcomeSchema: GenEnum<ProviderAttemptOutcome> = /*@__PURE__*/
+  enumDesc(file_mmgate_images_v1_images, 15);
 
 /**
  * Stable error codes; each maps to one gRPC status (see docs/images.md).
@@ -1293,5 +1448,5 @@ export enum ErrorCode {
  * Describes the enum mmgate.images.v1.ErrorCode.
  */
 export const ErrorCodeSchema: GenEnum<ErrorCode> = /*@__PURE__*/
-  enumDesc(file_mmgate_images_v1_images, 14);
+  enumDesc(file_mmgate_images_v1_images, 16);
 
