@@ -10,7 +10,7 @@ import { createImageRequest, type ImageRequest, type ImageRequestInit, type Prov
 import { prepareRoutes, runRoutes, shouldFallback } from "../../src/images/runtime/fallback.js";
 import type { ImageRuntime } from "../../src/images/runtime/runtime.js";
 import { FakeProvider, fakeCapabilities, type FakeOptions } from "./fake-provider.js";
-import { rejection } from "./helpers.js";
+import { expectThrow, rejection } from "./helpers.js";
 
 /** A FakeProvider under its own name that may fail with a given error (after an optional progress event). */
 class RouteProvider extends FakeProvider {
@@ -232,12 +232,3 @@ describe("images: provider fallback", () => {
   });
 });
 
-function expectThrow(work: () => unknown): ImageError {
-  try {
-    work();
-  } catch (error) {
-    expect(error).to.be.instanceOf(ImageError);
-    return error as ImageError;
-  }
-  throw new Error("expected a throw");
-}

@@ -13,7 +13,7 @@ import {
 } from "../../src/images/runtime/idempotency.js";
 import { eventually, expectRejection, startServer } from "../support/index.js";
 import { FakeProvider } from "./fake-provider.js";
-import { rejection } from "./helpers.js";
+import { expectThrow, rejection } from "./helpers.js";
 
 function response(bytes = 0): ImageResponse {
   const parameters = createImageRequest({ prompt: "p" }).parameters;
@@ -232,12 +232,3 @@ describe("images: idempotency keys", () => {
   });
 });
 
-function expectThrow(work: () => unknown): ImageError {
-  try {
-    work();
-  } catch (error) {
-    expect(error).to.be.instanceOf(ImageError);
-    return error as ImageError;
-  }
-  throw new Error("expected a throw");
-}
