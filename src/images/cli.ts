@@ -1,4 +1,6 @@
-import { mkdir, writeFile } from "node:fs/promises";
+import { constants } from "node:fs";
+import { access, mkdir, mkdtemp, readdir, rm, stat, writeFile } from "node:fs/promises";
+import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { Writable } from "node:stream";
 import { create, toJson } from "@bufbuild/protobuf";
@@ -60,6 +62,7 @@ interface GenerateOptions extends ConnectionOptions {
   sequential?: boolean;
   normalize?: boolean;
   stream?: boolean;
+  savePartials?: boolean;
   timeoutMs?: number;
   negative?: string;
 }
@@ -88,16 +91,121 @@ function imageRequest(prompt: string, o: GenerateOptions): pb.ImageRequest {
   });
 }
 
-/** Writes each image as <out>/image-<index>.<ext> and prints one line per output. */
-async function saveResponse(response: pb.ImageResponse, dir: string, io: CliIo): Promise<number> {
-  await mkdir(dir, { recursive: true });
-  const width = String(Math.max(1, response.data.length + response.failures.length - 1)).length;
+/** A command-line mistake found before any call: exit 2, nothing spent. */
+class UsageError extends Error {}
+
+function describe(error: unknown): string {
+  return error instanceof Error ? error.message : String(error);
+}
+
+/**
+ * Creates `--out` (like `mkdir -p`) and checks that it is a writable directory,
+ * before anything is paid for.
+ */
+async function prepareOutDir(dir: string): Promise<void> {
+  const existing = await stat(dir).catch((error: NodeJS.ErrnoException) => {
+    if (error.code === "ENOENT") return undefined;
+    if (error.code === "ENOTDIR") throw new UsageError(`--out ${dir}: a parent of it is a file, not a directory`);
+    throw new UsageError(`--out ${dir}: ${describe(error)}`);
+  });
+  if (existing && !existing.isDirectory()) throw new UsageError(`--out ${dir}: exists and is not a directory`);
+  if (!existing) {
+    try {
+      await mkdir(dir, { recursive: true });
+    } catch (error) {
+      const code = (error as NodeJS.ErrnoException).code;
+      if (code === "ENOTDIR" || code === "EEXIST") throw new UsageError(`--out ${dir}: a parent of it is a file, not a directory`);
+      throw new UsageError(`--out ${dir}: cannot create the directory: ${describe(error)}`);
+    }
+  }
+  try {
+    await access(dir, constants.W_OK | constants.X_OK);
+  } catch (error) {
+    throw new UsageError(`--out ${dir}: the directory is not writable: ${describe(error)}`);
+  }
+}
+
+/** Output files are zero-padded to the width of the largest requested index (n = 12 → image-00 … image-11). */
+function indexWidth(n: number): number {
+  return String(Math.max(0, n - 1)).length;
+}
+
+function imageName(index: number, ext: string, width: number): string {
+  return `image-${String(index).padStart(width, "0")}.${ext}`;
+}
+
+function partialName(index: number, partialIndex: number, ext: string, width: number): string {
+  return `partial-${String(index).padStart(width, "0")}-${partialIndex}.${ext}`;
+}
+
+/** What the CLI names its files; any such file this run did not write is stale. */
+const OUTPUT_NAME = /^(?:image-\d+|partial-\d+-\d+)\.(?:png|jpg|webp|bin)$/;
+
+/** Previews carry no format field: tell it from the magic bytes. */
+function sniffExtension(bytes: Uint8Array): string {
+  if (bytes[0] === 0x89 && bytes[1] === 0x50 && bytes[2] === 0x4e && bytes[3] === 0x47) return "png";
+  if (bytes[0] === 0xff && bytes[1] === 0xd8 && bytes[2] === 0xff) return "jpg";
+  if (bytes.length >= 12 && Buffer.from(bytes.subarray(0, 4)).toString("latin1") === "RIFF" && Buffer.from(bytes.subarray(8, 12)).toString("latin1") === "WEBP") return "webp";
+  return "bin";
+}
+
+/** Removes earlier runs' `image-*` / `partial-*` files in `dir` that this run did not write. */
+async function removeStale(dir: string, written: ReadonlySet<string>, io: CliIo): Promise<void> {
+  const stale: string[] = [];
+  for (const entry of await readdir(dir, { withFileTypes: true })) {
+    if (entry.isFile() && OUTPUT_NAME.test(entry.name) && !written.has(entry.name)) stale.push(entry.name);
+  }
+  for (const name of stale) await rm(join(dir, name), { force: true });
+  if (stale.length > 0) io.err.write(`removed ${stale.length} file(s) from an earlier run: ${stale.sort().join(", ")}\n`);
+}
+
+interface SaveContext {
+  readonly out: string;
+  readonly width: number;
+  /** Preview files this run wrote into `out`. */
+  readonly partials: Set<string>;
+}
+
+type Encoded = { readonly image: pb.GeneratedImage; readonly bytes: Uint8Array; readonly name: string };
+
+async function writeAll(dir: string, images: readonly Encoded[]): Promise<void> {
+  for (const { bytes, name } of images) {
+    const path = join(dir, name);
+    try {
+      await writeFile(path, bytes);
+    } catch (error) {
+      throw new Error(`could not write ${path}: ${describe(error)}`, { cause: error });
+    }
+  }
+}
+
+/**
+ * Writes each image as <out>/image-<index>.<ext> and prints one line per output.
+ * If the images cannot be written there, they are kept in a fresh temporary
+ * directory instead (named on stderr, exit 1): paid images are never dropped.
+ */
+async function saveResponse(response: pb.ImageResponse, ctx: SaveContext, io: CliIo): Promise<number> {
+  const images: Encoded[] = [];
   for (const image of response.data) {
     if (image.payload.case !== "image") continue;
-    const name = `image-${String(image.index).padStart(width, "0")}.${EXTENSIONS[image.format] ?? "bin"}`;
-    const path = join(dir, name);
-    await writeFile(path, image.payload.value);
-    io.out.write(`${image.index}\t${path}\t${image.width}x${image.height}\t${image.byteSize} bytes\tsha256:${image.sha256}\n`);
+    images.push({ image, bytes: image.payload.value, name: imageName(image.index, EXTENSIONS[image.format] ?? "bin", ctx.width) });
+  }
+  let dir = ctx.out;
+  let status = response.failures.length > 0 ? 2 : 0;
+  try {
+    await writeAll(dir, images);
+    await removeStale(dir, new Set([...images.map((i) => i.name), ...ctx.partials]), io).catch((error: unknown) => {
+      io.err.write(`warning: could not remove earlier files in ${dir}: ${describe(error)}\n`);
+    });
+  } catch (error) {
+    io.err.write(`error: ${describe(error)}\n`);
+    dir = await mkdtemp(join(tmpdir(), "mmgate-images-"));
+    await writeAll(dir, images);
+    io.err.write(`kept the ${images.length} image(s) in ${dir}\n`);
+    status = 1;
+  }
+  for (const { image, name } of images) {
+    io.out.write(`${image.index}\t${join(dir, name)}\t${image.width}x${image.height}\t${image.byteSize} bytes\tsha256:${image.sha256}\n`);
   }
   for (const failure of response.failures) {
     const code = failure.error ? errorCodeFromProto(failure.error.code) : "internal";
@@ -110,7 +218,7 @@ async function saveResponse(response: pb.ImageResponse, dir: string, io: CliIo):
     `${response.data.length} image(s) from ${response.provider}/${response.model} in ${response.timings?.totalMs ?? 0n} ms` +
       (response.failures.length > 0 ? `, ${response.failures.length} failed\n` : "\n"),
   );
-  return response.failures.length > 0 ? 2 : 0;
+  return status;
 }
 
 function reportError(error: unknown, io: CliIo): void {
@@ -159,6 +267,16 @@ class OutputProgress {
 }
 
 async function generate(prompt: string, o: GenerateOptions, io: CliIo): Promise<number> {
+  try {
+    if (o.savePartials && !o.stream) throw new UsageError("--save-partials needs --stream");
+    await prepareOutDir(o.out);
+  } catch (error) {
+    if (!(error instanceof UsageError)) throw error;
+    io.err.write(`error: ${error.message}\n`);
+    return 2;
+  }
+  const ctx: SaveContext = { out: o.out, width: indexWidth(o.n), partials: new Set() };
+  let partialWriteFailed = false;
   const client = createClient(ImageService, clientTransport(o));
   const headers = o.token ? { authorization: `Bearer ${o.token}` } : undefined;
   try {
@@ -171,7 +289,7 @@ async function generate(prompt: string, o: GenerateOptions, io: CliIo): Promise<
     const request = imageRequest(prompt, { ...o, ...(partials !== undefined ? { partials } : {}) });
     if (!o.stream) {
       const result = await client.generate({ request }, headers ? { headers } : {});
-      return await saveResponse(result.response!, o.out, io);
+      return await saveResponse(result.response!, ctx, io);
     }
     const steps = (request.parameters?.partialImages ?? 0) + 1;
     const progress = new OutputProgress(io, o.n, steps);
@@ -180,14 +298,26 @@ async function generate(prompt: string, o: GenerateOptions, io: CliIo): Promise<
       for await (const message of client.generateStream({ request }, headers ? { headers } : {})) {
         const event = message.event;
         if (event.case === "progress") progress.stage(event.value.index, event.value.stage);
-        else if (event.case === "partialImage") progress.partial(event.value.index, event.value.partialIndex);
+        else if (event.case === "partialImage") {
+          progress.partial(event.value.index, event.value.partialIndex);
+          if (o.savePartials && !partialWriteFailed) {
+            const name = partialName(event.value.index, event.value.partialIndex, sniffExtension(event.value.image), ctx.width);
+            try {
+              await writeFile(join(o.out, name), event.value.image);
+              ctx.partials.add(name);
+            } catch (error) {
+              partialWriteFailed = true;
+              io.err.write(`warning: could not save previews: ${describe(error)}\n`);
+            }
+          }
+        }
         else if (event.case === "completed") completed = event.value.response;
       }
     } finally {
       progress.finish(completed);
     }
     if (!completed) throw new Error("the stream ended without a result");
-    return await saveResponse(completed, o.out, io);
+    return await saveResponse(completed, ctx, io);
   } catch (error) {
     reportError(error, io);
     return 1;
@@ -202,7 +332,7 @@ export function imagesCommand(io: CliIo = { out: process.stdout, err: process.st
     .description("generate images and write them to a directory")
     .argument("<prompt>", "what to draw")
     .addOption(new Option("-n, --n <count>", "number of images").default(1).argParser(intIn(1, 255)))
-    .requiredOption("--out <dir>", "directory to write the images to")
+    .requiredOption("--out <dir>", "directory to write the images to (created if missing)")
     .addOption(addrOption())
     .addOption(tlsOption())
     .addOption(caOption())
@@ -219,6 +349,7 @@ export function imagesCommand(io: CliIo = { out: process.stdout, err: process.st
     .option("--sequential", "generate one output at a time")
     .option("--normalize", "let the provider adjust unsupported parameters instead of failing")
     .option("--stream", "stream progress and partial previews")
+    .option("--save-partials", "with --stream, also write the previews as partial-<index>-<k>.<ext>")
     .addOption(new Option("--timeout-ms <ms>", "request timeout").argParser(intIn(1, 1_800_000)))
     .action(async (prompt: string, options: GenerateOptions) => {
       process.exitCode = await generate(prompt, options, io);

@@ -1,4 +1,5 @@
-import { mkdtemp, readdir, rm } from "node:fs/promises";
+import { mkdir, mkdtemp, readdir, rm, writeFile } from "node:fs/promises";
+import { createServer, type Server } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { Writable } from "node:stream";
@@ -71,6 +72,106 @@ describe("images: CLI", function () {
     expect(result.err).to.match(/^error: upstream: injected reference provider failure/m);
     expect(result.err).to.include('"outcome":"unknown"');
     expect(result.err).to.include("hint: ");
+  });
+
+  it("rejects an --out that is a file before any call (exit 2)", async () => {
+    // A listener that only counts connections: any RPC would have to connect.
+    let connections = 0;
+    const decoy: Server = createServer((socket) => {
+      connections += 1;
+      socket.destroy();
+    });
+    await new Promise<void>((resolve) => decoy.listen(0, "127.0.0.1", resolve));
+    const { port } = decoy.address() as { port: number };
+    try {
+      const file = join(dir, "a-file");
+      await writeFile(file, "x");
+      for (const out of [file, join(file, "below")]) {
+        for (const extra of [[], ["--stream"]]) {
+          const result = await run(["generate", "a cat", "--out", out, "--addr", `127.0.0.1:${port}`, ...extra]);
+          expect(result.code).to.equal(2);
+          expect(result.err).to.match(/^error: --out .*a-file.*(not a directory|is a file)/m);
+          expect(result.out).to.equal("");
+        }
+      }
+      const usage = await run(["generate", "a cat", "--out", join(dir, "sp"), "--addr", `127.0.0.1:${port}`, "--save-partials"]);
+      expect(usage.code).to.equal(2);
+      expect(usage.err).to.include("--save-partials needs --stream");
+      expect(connections).to.equal(0);
+    } finally {
+      await new Promise<void>((resolve) => decoy.close(() => resolve()));
+    }
+  });
+
+  it("creates a missing --out with its parents", async () => {
+    const target = join(dir, "deep", "er", "out");
+    const result = await run(["generate", "a cat", "--out", target, "--addr", server.addr]);
+    expect(result.code).to.equal(0);
+    expect(await readdir(target)).to.deep.equal(["image-0.png"]);
+  });
+
+  it("keeps the images in a temporary directory when writing fails after the call", async () => {
+    const target = join(dir, "blocked");
+    // A directory where image-1.png must go: the check passes, the write fails (even as root).
+    await mkdir(join(target, "image-1.png"), { recursive: true });
+    const result = await run(["generate", "a cat", "-n", "2", "--out", target, "--addr", server.addr]);
+    expect(result.code).to.equal(1);
+    expect(result.err).to.match(/^error: could not write .*image-1\.png/m);
+    const kept = /^kept the 2 image\(s\) in (.+)$/m.exec(result.err)?.[1];
+    expect(kept).to.be.a("string");
+    expect(kept!.startsWith(join(tmpdir(), "mmgate-images-"))).to.equal(true);
+    try {
+      expect(await readdir(kept!)).to.deep.equal(["image-0.png", "image-1.png"]);
+      expect(result.out).to.include(`${join(kept!, "image-1.png")}\t32x32`);
+      expect((await sharp(join(kept!, "image-0.png")).metadata()).format).to.equal("png");
+    } finally {
+      await rm(kept!, { recursive: true, force: true });
+    }
+  });
+
+  it("names files image-<index> zero-padded to the width of n - 1 (n = 1 and n = 12)", async () => {
+    const one = join(dir, "n1");
+    expect((await run(["generate", "a cat", "--out", one, "--addr", server.addr])).code).to.equal(0);
+    expect(await readdir(one)).to.deep.equal(["image-0.png"]);
+    const twelve = join(dir, "n12");
+    const result = await run(["generate", "a prompt", "-n", "12", "--out", twelve, "--addr", server.addr, "--best-effort"]);
+    expect(result.code).to.equal(2); // output 2 is injected to fail
+    const expected = Array.from({ length: 12 }, (_, i) => `image-${String(i).padStart(2, "0")}.png`).filter((n) => n !== "image-02.png");
+    expect(await readdir(twelve)).to.deep.equal(expected);
+    expect(result.out).to.match(/^11\t.*image-11\.png\t/m);
+  });
+
+  it("removes earlier runs' image and preview files that this run did not write", async () => {
+    const target = join(dir, "stale");
+    const first = await run(["generate", "a prompt", "-n", "12", "--out", target, "--addr", server.addr, "--best-effort"]);
+    expect(first.code).to.equal(2);
+    await writeFile(join(target, "image-2.png"), "old"); // looks like a result for the failed output
+    await writeFile(join(target, "partial-0-0.png"), "old");
+    await writeFile(join(target, "notes.txt"), "mine");
+    await mkdir(join(target, "image-9.png")); // not a file: left alone
+    const second = await run(["generate", "a cat", "-n", "2", "--out", target, "--addr", server.addr]);
+    expect(second.code).to.equal(0);
+    expect((await readdir(target)).sort()).to.deep.equal(["image-0.png", "image-1.png", "image-9.png", "notes.txt"]);
+    expect(second.err).to.match(/^removed 13 file\(s\) from an earlier run: image-00\.png, /m);
+  });
+
+  it("--save-partials writes the streamed previews", async () => {
+    const target = join(dir, "previews");
+    const result = await run(["generate", "a cat", "-n", "2", "--out", target, "--addr", server.addr, "--stream", "--save-partials", "--format", "jpeg"]);
+    expect(result.code).to.equal(0);
+    expect((await readdir(target)).sort()).to.deep.equal([
+      "image-0.jpg",
+      "image-1.jpg",
+      "partial-0-0.jpg",
+      "partial-0-1.jpg",
+      "partial-1-0.jpg",
+      "partial-1-1.jpg",
+    ]);
+    expect((await sharp(join(target, "partial-1-0.jpg")).metadata()).format).to.equal("jpeg");
+    // Without --save-partials a later stream leaves no previews behind.
+    const again = await run(["generate", "a cat", "-n", "2", "--out", target, "--addr", server.addr, "--stream", "--format", "jpeg"]);
+    expect(again.code).to.equal(0);
+    expect((await readdir(target)).sort()).to.deep.equal(["image-0.jpg", "image-1.jpg"]);
   });
 
   it("lists providers and prints capabilities", async () => {
