@@ -13,6 +13,7 @@ import {
   trailerMux,
 } from "@connectrpc/connect/protocol-connect";
 import type { BodyReader, CallHost, FastPathOptions, Route } from "./fast-path-call.js";
+import { jsonOptions } from "./json-options.js";
 import { LeanCall, cutUnreadRequest, ignoreError, onStreamClose, onWantTrailers, resetStream, setAll, stopReading, uncork } from "./fast-path-call.js";
 import type { ObservedCall } from "./rpc-observer.js";
 
@@ -21,7 +22,8 @@ import type { ObservedCall } from "./rpc-observer.js";
  * `application/json` (with the charset parameter connect allows), no
  * `content-encoding`. It answers as connect's Connect handler
  * (protocol-connect/handler-factory.js) does: 200 and the message (binary,
- * or JSON with connect's options: unknown fields ignored), or the error's
+ * or JSON with the host's options: unknown fields and enum names refused,
+ * json-options.ts), or the error's
  * HTTP status and its JSON body (`{"code","message","details"}`) with the
  * error's metadata as headers; the handler's trailers as `trailer-<name>`
  * headers; content-length, x-request-id and date; connect-timeout-ms parsed
@@ -42,9 +44,9 @@ export function connectUnaryFormat(type: string | undefined): boolean | undefine
   return parseContentType(type)?.binary;
 }
 
-/** connect's serializers for the route's method, with its limits and JSON options (as connectNodeAdapter makes them, no jsonOptions given). */
+/** connect's serializers for the route's method, with its limits and the host's JSON options (as connectNodeAdapter makes them). */
 function serializationOf(route: Route, options: FastPathOptions): NonNullable<Route["connect"]> {
-  return (route.connect ??= createMethodSerializationLookup(route.method, undefined, undefined, {
+  return (route.connect ??= createMethodSerializationLookup(route.method, undefined, jsonOptions, {
     readMaxBytes: options.readMaxBytes,
     writeMaxBytes: options.writeMaxBytes,
   }));

@@ -16,6 +16,7 @@ import type { MmgateConfig } from "./config.js";
 import { ConfigError, splitHostPort } from "./config.js";
 import { delay, MAX_TIMER_MS, settleWithin } from "../util/index.js";
 import { FastPath } from "./fast-path.js";
+import { jsonOptions } from "./json-options.js";
 import { callInterceptor } from "./call-interceptor.js";
 import { Health, HealthRegistry, Readiness, ServingStatus, healthService } from "./health.js";
 import { RpcMetrics } from "./metrics.js";
@@ -368,6 +369,7 @@ export async function startHost(options: HostOptions): Promise<Host> {
 
   const compressMinBytes = config.rpc.responseCompressionMinBytes;
   const adapter = connectNodeAdapter({
+    jsonOptions,
     readMaxBytes: config.limits.maxReceiveMessageBytes,
     writeMaxBytes: config.limits.maxSendMessageBytes,
     ...(config.limits.maxTimeoutMs > 0 ? { maxTimeoutMs: config.limits.maxTimeoutMs } : {}),

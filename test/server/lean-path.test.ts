@@ -878,14 +878,14 @@ const connectRows: ConnectRow[] = [
   { name: "json: a body that does not parse", contentType: JSON_TYPE, body: Buffer.from("{not json"), httpStatus: 400, code: Code.InvalidArgument, lean: true },
   { name: "json: a field of the wrong type", path: HEALTH_CHECK, contentType: JSON_TYPE, body: json({ service: 5 }), httpStatus: 400, code: Code.InvalidArgument, lean: true },
   {
-    name: "json: an unknown field (ignored: connect's JSON options)",
+    name: "json: an unknown field (refused: the host's JSON options, json-options.ts)",
     path: HEALTH_CHECK,
     contentType: JSON_TYPE,
     body: json({ service: "", notAField: 1 }),
-    httpStatus: 200,
-    code: 0,
+    httpStatus: 400,
+    code: Code.InvalidArgument,
     lean: true,
-    check: connectJsonValue({ status: "SERVING" }),
+    check: connectMessage('cannot decode message grpc.health.v1.HealthCheckRequest from JSON: key "notAField" is unknown'),
   },
   {
     name: "json: not UTF-8 (decoded with replacement characters, as connect does)",
