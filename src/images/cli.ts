@@ -7,8 +7,9 @@ import { create, toJson } from "@bufbuild/protobuf";
 import { MultiBar, Presets, type SingleBar } from "cli-progress";
 import { Command, InvalidArgumentError, Option } from "commander";
 import { ConnectError, createClient } from "@connectrpc/connect";
-import { ProviderCapabilitiesSchema } from "../../gen/mmgate/images/v1/capabilities_pb.js";
-import { ImageService } from "../../gen/mmgate/images/v1/image_service_pb.js";
+import { ValueSchema, type Value } from "@bufbuild/protobuf/wkt";
+import { ProviderCapabilitiesSchema, type ProviderCapabilities } from "../../gen/mmgate/images/v1/capabilities_pb.js";
+import { ImageService, ListProvidersResponseSchema } from "../../gen/mmgate/images/v1/image_service_pb.js";
 import * as pb from "../../gen/mmgate/images/v1/images_pb.js";
 import { addrOption, caOption, clientTransport, tlsOption, tokenOption, type ConnectionOptions } from "../rpc/index.js";
 import { errorCodeFromProto } from "./proto-convert.js";
@@ -89,6 +90,105 @@ function imageRequest(prompt: string, o: GenerateOptions): pb.ImageRequest {
     ...(o.timeoutMs !== undefined ? { timeoutMs: BigInt(o.timeoutMs) } : {}),
     responseFormat: pb.ResponseFormat.BYTES,
   });
+}
+
+/** Request fields as the CLI spells them. */
+const FLAGS: Readonly<Record<string, string>> = {
+  "parameters.n": "-n",
+  "parameters.size": "--size",
+  "parameters.output_format": "--format",
+  "parameters.quality": "--quality",
+  "parameters.background": "--background",
+  "parameters.partial_images": "--partials",
+  "parameters.failure_policy": "--best-effort",
+  "policies.batch_execution": "--sequential",
+  "policies.compatibility": "--normalize",
+  "routing.provider": "--provider",
+  "routing.model": "--model",
+  negative_prompt: "--negative",
+  timeout_ms: "--timeout-ms",
+  prompt: "<prompt>",
+};
+
+/** Server hints, said in CLI terms. */
+const HINTS: Readonly<Record<string, string>> = {
+  "Call GetCapabilities for the provider and adjust the request, or set policies.compatibility to normalize.":
+    "Run `mmgate images capabilities` to see what the provider supports and change the option, or use --normalize to let the server adjust it (the change is printed).",
+  "Fix the fields listed in details.issues and send the request again.": "Fix the options listed above and run the command again.",
+  "Raise timeout_ms or reduce parameters.n; check the provider's latency.": "Raise --timeout-ms or lower -n; check the provider's latency.",
+};
+
+/** A server hint in CLI terms: known hints rewritten, request field names replaced by flags. */
+export function cliHint(hint: string): string {
+  const known = HINTS[hint];
+  if (known !== undefined) return known;
+  return hint.replace(/\b(?:parameters|policies|routing)\.[a-z_]+\b|\btimeout_ms\b/g, (field) => FLAGS[field] ?? field);
+}
+
+/** The size rule of a provider in words, e.g. "auto, one of 256x256, …, or any WxH with both edges a multiple of 8 from 16 to 4096". */
+export function sizeRule(caps: ProviderCapabilities | undefined): string | undefined {
+  const sizes = caps?.sizes;
+  if (!sizes) return undefined;
+  const parts: string[] = [];
+  if (sizes.auto) parts.push("auto");
+  if (sizes.allowed.length > 0) parts.push(`one of ${sizes.allowed.join(", ")}`);
+  if (sizes.arbitrary) {
+    let rule = "any WxH";
+    if (sizes.edgeMultiple !== undefined && sizes.edgeMultiple > 1) rule += ` with both edges a multiple of ${sizes.edgeMultiple}`;
+    if (sizes.minEdge !== undefined && sizes.maxEdge !== undefined) rule += ` from ${sizes.minEdge} to ${sizes.maxEdge}`;
+    else if (sizes.maxEdge !== undefined) rule += ` up to ${sizes.maxEdge}`;
+    parts.push(rule);
+  }
+  if (parts.length === 0) return undefined;
+  const last = parts.pop()!;
+  return `--size for ${caps!.provider} must be ${parts.length > 0 ? `${parts.join(", ")} or ${last}` : last}`;
+}
+
+function valueText(value: Value | undefined): string {
+  if (value === undefined) return "(none)";
+  const json = toJson(ValueSchema, value);
+  return typeof json === "string" ? json : JSON.stringify(json);
+}
+
+const NORMALIZATION_REASONS: Readonly<Record<string, string>> = {
+  normalized_to_provider_size: "the provider does not offer that size",
+  normalized_to_provider_value: "the provider does not offer that value",
+  clamped_to_provider_range: "outside the provider's range",
+  provider_does_not_support_hint: "the provider ignores this option",
+  provider_uses_automatic_action: "the provider picks the action itself",
+  effective_format_has_no_compression: "the format has no compression setting",
+  negative_prompt_prompt_merge: "merged into the prompt",
+};
+
+/** "normalized --size: 100x100 -> auto (…)" lines, with the size rule and the size made. */
+function normalizationLines(response: pb.ImageResponse, caps: ProviderCapabilities | undefined): string[] {
+  return response.normalizations.map((n) => {
+    const name = FLAGS[n.field] ?? n.field;
+    let line = `normalized ${name}: ${valueText(n.requested)} -> ${valueText(n.effective)} (${NORMALIZATION_REASONS[n.reason] ?? n.reason})`;
+    if (n.field === "parameters.size") {
+      const rule = sizeRule(caps);
+      if (rule) line += `; ${rule}`;
+      const made = response.data[0];
+      if (made) line += `; the images are ${made.width}x${made.height}`;
+    }
+    return line;
+  });
+}
+
+/** A response warning in words, its code in brackets. */
+function warningLine(warning: string, response: pb.ImageResponse, caps: ProviderCapabilities | undefined): string {
+  const n = response.effective?.n ?? response.data.length + response.failures.length;
+  if (warning === "emulated_multi_image_fanout") {
+    const perCall = Math.max(1, caps?.batching?.nativeCount?.max ?? 1);
+    const calls = Math.ceil(n / perCall);
+    return (
+      `the provider makes at most ${perCall} image(s) per call, so the ${n} images were made by ${calls} separate provider calls ` +
+      `(each call is billed and may fail on its own; the images are not one batch) [${warning}]`
+    );
+  }
+  if (warning === "sequential_multi_image_fanout") return `those provider calls ran one after another (--sequential) [${warning}]`;
+  if (warning === "partial_output_failure") return `some images failed; the others were saved (--best-effort) [${warning}]`;
+  return warning;
 }
 
 /** A command-line mistake found before any call: exit 2, nothing spent. */
@@ -184,7 +284,7 @@ async function writeAll(dir: string, images: readonly Encoded[]): Promise<void> 
  * If the images cannot be written there, they are kept in a fresh temporary
  * directory instead (named on stderr, exit 1): paid images are never dropped.
  */
-async function saveResponse(response: pb.ImageResponse, ctx: SaveContext, io: CliIo): Promise<number> {
+async function saveResponse(response: pb.ImageResponse, ctx: SaveContext, io: CliIo, caps?: ProviderCapabilities): Promise<number> {
   const images: Encoded[] = [];
   for (const image of response.data) {
     if (image.payload.case !== "image") continue;
@@ -212,8 +312,8 @@ async function saveResponse(response: pb.ImageResponse, ctx: SaveContext, io: Cl
     io.out.write(`${failure.index}\tFAILED\t${code}: ${failure.error?.message ?? ""}\n`);
   }
   if (response.revisedPrompt) io.out.write(`revised prompt: ${response.revisedPrompt}\n`);
-  for (const n of response.normalizations) io.err.write(`normalized ${n.field}: ${n.reason}\n`);
-  for (const warning of response.warnings) io.err.write(`warning: ${warning}\n`);
+  for (const line of normalizationLines(response, caps)) io.err.write(`${line}\n`);
+  for (const warning of response.warnings) io.err.write(`warning: ${warningLine(warning, response, caps)}\n`);
   io.out.write(
     `${response.data.length} image(s) from ${response.provider}/${response.model} in ${response.timings?.totalMs ?? 0n} ms` +
       (response.failures.length > 0 ? `, ${response.failures.length} failed\n` : "\n"),
@@ -221,7 +321,7 @@ async function saveResponse(response: pb.ImageResponse, ctx: SaveContext, io: Cl
   return status;
 }
 
-function reportError(error: unknown, io: CliIo): void {
+function reportError(error: unknown, io: CliIo, caps?: ProviderCapabilities): void {
   const e = ConnectError.from(error);
   const [detail] = e.findDetails(pb.ErrorDetailSchema);
   if (!detail) {
@@ -230,7 +330,11 @@ function reportError(error: unknown, io: CliIo): void {
   }
   io.err.write(`error: ${errorCodeFromProto(detail.code)}: ${detail.message}${detail.retryable ? " (retryable)" : ""}\n`);
   if (detail.details && Object.keys(detail.details).length > 0) io.err.write(`details: ${JSON.stringify(detail.details)}\n`);
-  for (const s of detail.suggestions) io.err.write(`hint: ${s}\n`);
+  for (const s of detail.suggestions) io.err.write(`hint: ${cliHint(s)}\n`);
+  if (detail.details?.["field"] === "parameters.size") {
+    const rule = sizeRule(caps);
+    if (rule) io.err.write(`hint: ${rule}\n`);
+  }
 }
 
 /** One bar per output: a step per partial preview, and one for completion. */
@@ -279,17 +383,28 @@ async function generate(prompt: string, o: GenerateOptions, io: CliIo): Promise<
   let partialWriteFailed = false;
   const client = createClient(ImageService, clientTransport(o));
   const headers = o.token ? { authorization: `Bearer ${o.token}` } : undefined;
+  let caps: ProviderCapabilities | undefined;
+  try {
+    caps = (await client.getCapabilities({ provider: o.provider ?? "", model: o.model ?? "" }, headers ? { headers } : {})).capabilities;
+  } catch (error) {
+    reportError(error, io);
+    return 1;
+  }
+  const limit = caps?.count?.max;
+  if (limit !== undefined && limit > 0 && o.n > limit) {
+    io.err.write(`error: -n ${o.n} is above the limit of ${caps!.provider}: at most ${limit} image(s) per request\n`);
+    return 2;
+  }
   try {
     let partials = o.partials;
     if (partials === undefined && o.stream) {
       // Two previews by default, within what the provider offers.
-      const caps = await client.getCapabilities({ provider: o.provider ?? "", model: o.model ?? "" });
-      partials = Math.min(DEFAULT_STREAM_PARTIALS, caps.capabilities?.partialImages?.max ?? 0);
+      partials = Math.min(DEFAULT_STREAM_PARTIALS, caps?.partialImages?.max ?? 0);
     }
     const request = imageRequest(prompt, { ...o, ...(partials !== undefined ? { partials } : {}) });
     if (!o.stream) {
       const result = await client.generate({ request }, headers ? { headers } : {});
-      return await saveResponse(result.response!, ctx, io);
+      return await saveResponse(result.response!, ctx, io, caps);
     }
     const steps = (request.parameters?.partialImages ?? 0) + 1;
     const progress = new OutputProgress(io, o.n, steps);
@@ -317,9 +432,9 @@ async function generate(prompt: string, o: GenerateOptions, io: CliIo): Promise<
       progress.finish(completed);
     }
     if (!completed) throw new Error("the stream ended without a result");
-    return await saveResponse(completed, ctx, io);
+    return await saveResponse(completed, ctx, io, caps);
   } catch (error) {
-    reportError(error, io);
+    reportError(error, io, caps);
     return 1;
   }
 }
@@ -331,7 +446,7 @@ export function imagesCommand(io: CliIo = { out: process.stdout, err: process.st
     .command("generate")
     .description("generate images and write them to a directory")
     .argument("<prompt>", "what to draw")
-    .addOption(new Option("-n, --n <count>", "number of images").default(1).argParser(intIn(1, 255)))
+    .addOption(new Option("-n, --n <count>", "number of images, up to the provider's limit (see capabilities: count.max)").default(1).argParser(intIn(1, 0xffff_ffff)))
     .requiredOption("--out <dir>", "directory to write the images to (created if missing)")
     .addOption(addrOption())
     .addOption(tlsOption())
@@ -347,7 +462,7 @@ export function imagesCommand(io: CliIo = { out: process.stdout, err: process.st
     .option("--negative <text>", "negative prompt")
     .option("--best-effort", "return the images that succeeded when some fail")
     .option("--sequential", "generate one output at a time")
-    .option("--normalize", "let the provider adjust unsupported parameters instead of failing")
+    .option("--normalize", "let the server adjust options the provider does not support (e.g. a --size that is no multiple of 8) instead of failing; each change is printed")
     .option("--stream", "stream progress and partial previews")
     .option("--save-partials", "with --stream, also write the previews as partial-<index>-<k>.<ext>")
     .addOption(new Option("--timeout-ms <ms>", "request timeout").argParser(intIn(1, 1_800_000)))
@@ -361,10 +476,15 @@ export function imagesCommand(io: CliIo = { out: process.stdout, err: process.st
     .addOption(addrOption())
     .addOption(tlsOption())
     .addOption(caOption())
-    .action(async (options: ConnectionOptions) => {
+    .option("--json", "print the ListProviders answer as one JSON object (proto3 JSON)")
+    .action(async (options: ConnectionOptions & { json?: boolean }) => {
       const client = createClient(ImageService, clientTransport(options));
       try {
         const response = await client.listProviders({});
+        if (options.json) {
+          io.out.write(`${JSON.stringify(toJson(ListProvidersResponseSchema, response))}\n`);
+          return;
+        }
         for (const p of response.providers) {
           io.out.write(`${p.name}${p.default ? " (default)" : ""}\t${p.displayName}\t${p.version}\tmodels: ${p.models.join(",")}\tcircuit: ${p.circuitState}\n`);
         }

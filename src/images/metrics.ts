@@ -21,13 +21,23 @@ export class ImageMetrics {
         }
       },
     });
-    new Gauge({
-      name: "mmgate_images_circuit_rejected_calls",
-      help: "Calls refused by each provider's circuit breaker since start",
+    // The breakers keep a running count: the counter is advanced by what
+    // each breaker refused since the last scrape, so it only ever grows
+    // (a provider's new breaker, after a reload, starts from zero).
+    const rejectedSeen = new WeakMap<object, number>();
+    new Counter({
+      name: "mmgate_images_circuit_rejected_calls_total",
+      help: "Calls refused by each provider's circuit breaker",
       labelNames: ["provider"],
       registers: [registry],
       collect() {
-        for (const entry of runtime()?.registry.list() ?? []) this.set({ provider: entry.name }, entry.breaker.snapshot().rejectedCalls);
+        for (const entry of runtime()?.registry.list() ?? []) {
+          const total = entry.breaker.snapshot().rejectedCalls;
+          const delta = total - (rejectedSeen.get(entry.breaker) ?? 0);
+          rejectedSeen.set(entry.breaker, total);
+          // inc(0) makes the series visible before the first refusal.
+          if (delta >= 0) this.inc({ provider: entry.name }, delta);
+        }
       },
     });
     new Gauge({

@@ -11,7 +11,7 @@ import * as pb from "../../gen/mmgate/images/v1/images_pb.js";
 import * as caps from "../../gen/mmgate/images/v1/capabilities_pb.js";
 import type * as m from "./model.js";
 import { ImageError, type ErrorCode } from "./core/errors.js";
-import { collectIssues, type RequestLimits, type ValidationIssue } from "./core/validation.js";
+import { collectIssues, validationError, type RequestLimits, type ValidationIssue } from "./core/validation.js";
 
 type NumericEnum = Record<string, string | number>;
 
@@ -119,15 +119,13 @@ function parametersFromProto(p: pb.GenerationParameters | undefined, issues: Iss
 
 /**
  * The core request of a wire request; throws invalid_request for unknown
- * enum values or a missing operation. With `limits`, that error lists every
- * other issue of the request too, as validation would.
+ * enum values. No operation set means generate. With `limits`, that error
+ * lists every other issue of the request too, as validation would.
  */
 export function requestFromProto(request: pb.ImageRequest | undefined, limits?: RequestLimits): m.ImageRequest {
   const issues = new IssueCollector();
   if (!request) {
-    throw new ImageError("invalid_request", "request validation failed", {
-      details: { issues: [{ field: "request", code: "required", message: "the request is missing" }] },
-    });
+    throw validationError([{ field: "request", code: "required", message: "the request is missing" }]);
   }
   let operation: m.ImageOperation = { kind: "generate" };
   if (request.operation.case === "edit") {
@@ -137,9 +135,8 @@ export function requestFromProto(request: pb.ImageRequest | undefined, limits?: 
       images: edit.images.map(inputFromProto),
       ...(edit.mask ? { mask: inputFromProto(edit.mask) } : {}),
     };
-  } else if (request.operation.case !== "generate") {
-    issues.issues.push({ field: "operation", code: "required", message: "set generate or edit" });
   }
+  // No operation set (neither generate nor edit) means generate.
   const policies = request.policies;
   const session = request.session;
   const out: m.ImageRequest = {
@@ -174,9 +171,7 @@ export function requestFromProto(request: pb.ImageRequest | undefined, limits?: 
   if (request.user !== undefined) out.user = request.user;
   if (issues.issues.length > 0) {
     const all = limits ? collectIssues(out, limits, issues.issues) : issues.issues;
-    throw new ImageError("invalid_request", "request validation failed", {
-      details: { issues: all.map((issue) => ({ ...issue })) },
-    });
+    throw validationError(all);
   }
   return out;
 }

@@ -54,7 +54,10 @@ describe("images: CLI", function () {
     expect(result.out).to.match(/^0\t.*image-0\.jpg\t32x32\t\d+ bytes\tsha256:[0-9a-f]{64}$/m);
     expect(result.err).to.include("output  1");
     expect(result.err).to.match(/output {2}1 \[█+\] done/);
-    expect(result.err).to.include("warning: emulated_multi_image_fanout");
+    expect(result.err).to.include(
+      "warning: the provider makes at most 1 image(s) per call, so the 2 images were made by 2 separate provider calls",
+    );
+    expect(result.err).to.include("[emulated_multi_image_fanout]");
   });
 
   it("reports best-effort failures and exits with 2", async () => {
@@ -63,7 +66,7 @@ describe("images: CLI", function () {
     expect(result.code).to.equal(2);
     expect(await readdir(target)).to.deep.equal(["image-0.png", "image-1.png", "image-3.png"]);
     expect(result.out).to.include("2\tFAILED\tupstream: injected reference provider failure");
-    expect(result.err).to.include("warning: partial_output_failure");
+    expect(result.err).to.include("warning: some images failed; the others were saved (--best-effort) [partial_output_failure]");
   });
 
   it("prints typed errors with hints and exits with 1", async () => {
@@ -172,6 +175,36 @@ describe("images: CLI", function () {
     const again = await run(["generate", "a cat", "-n", "2", "--out", target, "--addr", server.addr, "--stream", "--format", "jpeg"]);
     expect(again.code).to.equal(0);
     expect((await readdir(target)).sort()).to.deep.equal(["image-0.jpg", "image-1.jpg"]);
+  });
+
+  it("refuses -n above the provider's advertised limit with a usage error naming the limit", async () => {
+    const caps = JSON.parse((await run(["capabilities", "--addr", server.addr])).out) as { count: { max: number } };
+    const limit = caps.count.max;
+    expect(limit).to.be.lessThan(255);
+    const target = join(dir, "too-many");
+    const result = await run(["generate", "a cat", "-n", String(limit + 1), "--out", target, "--addr", server.addr]);
+    expect(result.code).to.equal(2);
+    expect(result.err).to.equal(`error: -n ${limit + 1} is above the limit of reference: at most ${limit} image(s) per request\n`);
+    expect(result.out).to.equal("");
+    expect(await readdir(target)).to.deep.equal([]);
+    // 255 is no longer the bound: a count above it is refused by the same check, not by the parser.
+    expect((await run(["generate", "a cat", "-n", "300", "--out", target, "--addr", server.addr])).err).to.include(`at most ${limit} image(s)`);
+  });
+
+  it("says size hints in CLI terms: --normalize, the multiple-of-8 rule, and the size before and after", async () => {
+    const strict = await run(["generate", "a cat", "--size", "100x100", "--out", join(dir, "size-strict"), "--addr", server.addr]);
+    expect(strict.code).to.equal(1);
+    expect(strict.err).to.match(/^error: unsupported_capability: /m);
+    expect(strict.err).to.include("use --normalize");
+    expect(strict.err).to.not.include("policies.compatibility");
+    expect(strict.err).to.include("hint: --size for reference must be auto, one of 256x256");
+    expect(strict.err).to.include("any WxH with both edges a multiple of 8 from 16 to");
+
+    const target = join(dir, "size-normalized");
+    const normalized = await run(["generate", "a cat", "--size", "100x100", "--normalize", "--out", target, "--addr", server.addr]);
+    expect(normalized.code).to.equal(0);
+    expect(normalized.err).to.match(/^normalized --size: 100x100 -> auto \(the provider does not offer that size\); --size for reference must be .*a multiple of 8.*; the images are 32x32$/m);
+    expect(await readdir(target)).to.deep.equal(["image-0.png"]);
   });
 
   it("lists providers and prints capabilities", async () => {

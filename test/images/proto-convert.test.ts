@@ -36,18 +36,24 @@ describe("images: protobuf conversion", () => {
     expect(request.timeoutMs).to.equal(5000);
   });
 
-  it("reports unknown enum numbers and a missing operation as issues", () => {
+  it("reports unknown enum numbers as issues, the first one in the message", () => {
     try {
-      requestFromProto(create(pb.ImageRequestSchema, { prompt: "p", parameters: { quality: 42 as pb.Quality } }));
+      requestFromProto(create(pb.ImageRequestSchema, { prompt: "p", parameters: { quality: 42 as pb.Quality, background: 43 as pb.Background } }));
       expect.fail("expected an error");
     } catch (error) {
       const e = error as ImageError;
       expect(e.code).to.equal("invalid_request");
+      expect(e.message).to.equal("request validation failed: parameters.quality: unknown value 42 (and 1 more)");
       expect((e.details["issues"] as { field: string; code: string }[]).map((i) => `${i.field}/${i.code}`)).to.deep.equal([
-        "operation/required",
         "parameters.quality/invalid_enum",
+        "parameters.background/invalid_enum",
       ]);
     }
+  });
+
+  it("defaults a request without an operation to generate", () => {
+    const request = requestFromProto(create(pb.ImageRequestSchema, { prompt: "p" }), DEFAULT_REQUEST_LIMITS);
+    expect(request.operation).to.deep.equal({ kind: "generate" });
   });
 
   it("with the limits, lists wire issues together with every validation issue, sorted", () => {
@@ -56,7 +62,8 @@ describe("images: protobuf conversion", () => {
       expect.fail("expected an error");
     } catch (error) {
       const issues = ((error as ImageError).details["issues"] as { field: string; code: string }[]).map((i) => `${i.field}/${i.code}`);
-      expect(issues).to.include.members(["operation/required", "parameters.quality/invalid_enum", "prompt/required"]);
+      expect(issues).to.include.members(["parameters.quality/invalid_enum", "prompt/required"]);
+      expect(issues).to.not.include("operation/required");
       expect(issues.some((i) => i.startsWith("parameters.n/"))).to.equal(true);
       expect(issues).to.deep.equal([...issues].sort());
     }

@@ -195,6 +195,41 @@ describe("images: ImageService over gRPC (reference provider)", function () {
     expect(detail.suggestions.length).to.be.greaterThan(0);
   });
 
+  it("generates from a request with just a prompt: no operation means generate (grpc-js and connect)", async () => {
+    const viaGrpc = await grpcUnary<{ response: { data: { index: number }[]; provider: string } }>(client, "Generate", {
+      request: { prompt: "just a prompt", responseFormat: "RESPONSE_FORMAT_METADATA" },
+    });
+    expect(viaGrpc.response.provider).to.equal("reference");
+    expect(viaGrpc.response.data.map((d) => d.index)).to.deep.equal([0]);
+    const images = createClient(ImageService, server.transport);
+    const viaConnect = await images.generate({ request: { prompt: "just a prompt", responseFormat: pb.ResponseFormat.METADATA } });
+    expect(viaConnect.response?.data.map((d) => d.index)).to.deep.equal([0]);
+  });
+
+  it("puts the first issue of an invalid request in the message and every issue in the details (grpc-js and connect)", async () => {
+    const error = await grpcError(grpcUnary(client, "Generate", { request: { prompt: " ", parameters: { n: 0 } } }));
+    expect(error.code).to.equal(grpc.status.INVALID_ARGUMENT);
+    // grpc-js decodes grpc-message with decodeURI, which leaves "%3A" as it is; the ErrorDetail carries the plain text.
+    const message = "request validation failed: parameters.n: must be between 1 and 16 (and 1 more)";
+    expect(decodeURIComponent(error.details)).to.equal(message);
+    expect(errorDetailOf(error).message).to.equal(message);
+    const issues = (errorDetailOf(error).details!["issues"] as { field: string }[]).map((i) => i.field);
+    expect(issues).to.deep.equal(["parameters.n", "prompt"]);
+
+    const images = createClient(ImageService, server.transport);
+    try {
+      await images.generate({ request: { prompt: " " } });
+      expect.fail("expected an error");
+    } catch (e) {
+      const connectError = ConnectError.from(e);
+      expect(connectError.code).to.equal(Code.InvalidArgument);
+      expect(connectError.rawMessage).to.equal("request validation failed: prompt: must not be blank");
+      const [detail] = connectError.findDetails(pb.ErrorDetailSchema);
+      expect(detail?.message).to.equal("request validation failed: prompt: must not be blank");
+      expect((detail?.details!["issues"] as { field: string }[]).map((i) => i.field)).to.deep.equal(["prompt"]);
+    }
+  });
+
   it("maps strict negotiation, unknown providers and provider failures", async () => {
     const images = createClient(ImageService, server.transport);
     const call = (request: MessageInitShape<typeof pb.ImageRequestSchema>) =>

@@ -109,7 +109,7 @@ describe("images: request validation", () => {
       expect(error).to.be.instanceOf(ImageError);
       const e = error as ImageError;
       expect(e.code).to.equal("invalid_request");
-      expect(e.message).to.equal("request validation failed");
+      expect(e.message).to.equal("request validation failed: parameters.n: must be between 1 and 16 (and 1 more)");
       expect(e.retryable).to.equal(false);
       expect(e.details["issues"]).to.deep.equal([
         { field: "parameters.n", code: "out_of_range", message: "must be between 1 and 16" },

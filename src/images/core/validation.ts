@@ -256,11 +256,26 @@ export function collectIssues(request: ImageRequest, limits: RequestLimits, foun
   return kept;
 }
 
+/**
+ * The `invalid_request` error of a list of issues: the first issue is in the
+ * message (`request validation failed: prompt: must not be blank (and 1
+ * more)`), every issue is in `details.issues`.
+ */
+export function validationError(issues: readonly ValidationIssue[]): ImageError {
+  const [first] = issues;
+  let message = "request validation failed";
+  if (first) {
+    message += `: ${first.field}: ${first.message}`;
+    if (issues.length > 1) message += ` (and ${issues.length - 1} more)`;
+  }
+  return new ImageError("invalid_request", message, {
+    details: { issues: issues.map((issue) => ({ ...issue })) },
+  });
+}
+
 /** Throws `invalid_request` with every issue when the request is not valid. */
 export function validateRequest(request: ImageRequest, limits: RequestLimits): void {
   const issues = collectIssues(request, limits);
   if (issues.length === 0) return;
-  throw new ImageError("invalid_request", "request validation failed", {
-    details: { issues: issues.map((issue) => ({ ...issue })) },
-  });
+  throw validationError(issues);
 }

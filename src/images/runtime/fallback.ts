@@ -1,6 +1,7 @@
 import type { FallbackPolicy, ImageRequest, ImageResponse, JsonValue, ProviderAttempt } from "../model.js";
 import { ImageError, toImageError, type ErrorCode } from "../core/errors.js";
 import type { ProviderEventSink } from "../core/provider.js";
+import { validationError } from "../core/validation.js";
 import type { ExecuteOptions, ImageRuntime, PreparedRequest } from "./runtime.js";
 
 /**
@@ -78,11 +79,9 @@ export function prepareRoutes(runtime: ImageRuntime, request: ImageRequest): Rou
     }
     const route: Route = { provider: fallback.provider, ...(fallback.model !== undefined ? { model: fallback.model } : {}) };
     if (seen.has(routeKey(route))) {
-      throw new ImageError("invalid_request", "request validation failed", {
-        details: {
-          issues: [{ field: `routing.fallbacks[${i}]`, code: "duplicate", message: "resolves to the primary route or an earlier fallback" }],
-        },
-      });
+      throw validationError([
+        { field: `routing.fallbacks[${i}]`, code: "duplicate", message: "resolves to the primary route or an earlier fallback" },
+      ]);
     }
     seen.add(routeKey(route));
     routes.push(route);

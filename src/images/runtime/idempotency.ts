@@ -1,6 +1,7 @@
 import { createHash, type Hash } from "node:crypto";
 import type { ImageRequest, ImageResponse } from "../model.js";
 import { ImageError, toImageError } from "../core/errors.js";
+import { validationError } from "../core/validation.js";
 import { raceAbort } from "../../util/index.js";
 
 /**
@@ -53,7 +54,7 @@ export interface IdempotentResult {
 }
 
 function invalid(field: string, code: string, message: string): ImageError {
-  return new ImageError("invalid_request", "request validation failed", { details: { issues: [{ field, code, message }] } });
+  return validationError([{ field, code, message }]);
 }
 
 /**
