@@ -57,6 +57,12 @@ export const subcommands: readonly LazySubcommand[] = [
     load: async () => (await import("./health.js")).healthCommand(),
   },
   {
+    name: "admin",
+    description: "inspect and steer a running server (mmgate.admin.v1.AdminService)",
+    term: "admin",
+    load: async () => (await import("./admin.js")).adminCommand(),
+  },
+  {
     name: "media",
     description: "decode images and videos to tensors and compute canonical content hashes",
     term: "media",
@@ -99,6 +105,11 @@ export const subcommands: readonly LazySubcommand[] = [
   },
 ];
 
+/** What both `mmgate version` and `mmgate --version` print (without the newline). */
+export function versionLine(): string {
+  return `mmgate ${version} (node ${process.version})`;
+}
+
 /**
  * The subcommand `argv` (without node and the script) runs, by commander's
  * rule for a root whose options take no values: the first operand, or the
@@ -118,7 +129,7 @@ export async function program(argv: readonly string[]): Promise<Command> {
   const terms = new Map<Command, string>();
   const root = new Command("mmgate")
     .description("gRPC services for the hops of a multimodal LLM and image serving stack")
-    .version(version, "-V, --version")
+    .version(versionLine(), "-V, --version")
     .showHelpAfterError()
     .enablePositionalOptions()
     .configureHelp({ subcommandTerm: (cmd) => terms.get(cmd) ?? new Help().subcommandTerm(cmd) });
@@ -133,7 +144,7 @@ export async function program(argv: readonly string[]): Promise<Command> {
   }
   root.addCommand(
     new Command("version").description("print the version").action(() => {
-      process.stdout.write(`mmgate ${version} (node ${process.version})\n`);
+      process.stdout.write(`${versionLine()}\n`);
     }),
   );
   return root;

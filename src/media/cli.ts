@@ -1,8 +1,9 @@
-import { readFile } from "node:fs/promises";
+import { once } from "node:events";
+import { open, readFile, rm } from "node:fs/promises";
 import { Command, InvalidArgumentError, Option } from "commander";
 import { ConnectError, createClient } from "@connectrpc/connect";
 import { MediaService, type TensorInfo } from "../../gen/mmgate/media/v1/media_pb.js";
-import { addrOption, caOption, clientTransport, tlsOption, type ConnectionOptions } from "../rpc/index.js";
+import { addrOption, caOption, clientTransport, tlsOption, tokenOption, type ConnectionOptions } from "../rpc/index.js";
 import { decoderLimits, fetchPolicy, mediaConfigSchema, videoDecoderConfig } from "./config.js";
 import { metadataJson } from "./descriptor.js";
 import { MediaError } from "./errors.js";
@@ -213,7 +214,50 @@ async function hashFacts(opts: HashOpts): Promise<Facts> {
   return { shape: shape.map((n) => BigInt(n)), dtype: "UINT8", contentHash: canonicalContentHash(shape, "UINT8", bytes) };
 }
 
-/** `mmgate media decode|hash`. */
+const U64_MAX = (1n << 64n) - 1n;
+
+/** A tensor handle: a decimal u64, parsed without going through a double. */
+export function parseHandle(value: string): bigint {
+  const v = value.trim();
+  if (!/^\d+$/.test(v) || BigInt(v) > U64_MAX) throw new InvalidArgumentError("expected a decimal u64 handle");
+  return BigInt(v);
+}
+
+interface ReadOpts extends ConnectionOptions {
+  out?: string;
+}
+
+/** Streams ReadTensor into FILE (removed again if the read fails) or stdout; returns the bytes written. */
+async function readTensor(handle: bigint, opts: ReadOpts): Promise<bigint> {
+  const client = createClient(MediaService, clientTransport(opts));
+  const file = opts.out === undefined ? undefined : await open(opts.out, "w");
+  let written = 0n;
+  let total: bigint | undefined;
+  try {
+    for await (const chunk of client.readTensor({ handle })) {
+      if (chunk.offset !== written) throw new Error(`the server sent bytes at ${chunk.offset}, expected ${written}`);
+      total = chunk.totalSize;
+      if (file) {
+        await file.write(chunk.data);
+      } else if (!process.stdout.write(chunk.data)) {
+        await once(process.stdout, "drain");
+      }
+      written += BigInt(chunk.data.length);
+    }
+    // An empty tensor answers with no chunks at all.
+    if (total !== undefined && written !== total) throw new Error(`the stream ended after ${written} of ${total} bytes`);
+    await file?.close();
+    return written;
+  } catch (error) {
+    if (file && opts.out !== undefined) {
+      await file.close().catch(() => undefined);
+      await rm(opts.out, { force: true });
+    }
+    throw error;
+  }
+}
+
+/** `mmgate media decode|hash|read|release`. */
 export function mediaCommand(): Command {
   const media = new Command("media").description("decode images and videos to tensors and compute canonical content hashes");
 
@@ -252,6 +296,47 @@ export function mediaCommand(): Command {
     .action(async (opts: HashOpts) => {
       try {
         print(await hashFacts(opts), opts.json === true);
+      } catch (error) {
+        fail(error);
+      }
+    });
+
+  media
+    .command("read")
+    .description("stream a stored tensor's bytes (ReadTensor) to --out FILE or stdout; exits 0 when all bytes arrived, 1 otherwise")
+    .argument("<handle>", "tensor handle (decimal u64, from decode --store)", parseHandle)
+    .addOption(addrOption())
+    .addOption(tlsOption())
+    .addOption(caOption())
+    .option("--out <file>", "write the bytes to FILE (removed again if the read fails) instead of stdout")
+    .action(async (handle: bigint, opts: ReadOpts) => {
+      try {
+        const written = await readTensor(handle, opts);
+        if (opts.out !== undefined) process.stderr.write(`mmgate media: wrote ${written} bytes to ${opts.out}\n`);
+      } catch (error) {
+        fail(error);
+      }
+    });
+
+  media
+    .command("release")
+    .description("drop a stored tensor (ReleaseTensor, mutating: --token); exits 0 when released, 3 when the handle was unknown, 1 when the call failed")
+    .argument("<handle>", "tensor handle (decimal u64)", parseHandle)
+    .addOption(addrOption())
+    .addOption(tlsOption())
+    .addOption(caOption())
+    .addOption(tokenOption())
+    .option("--json", "print one JSON object (u64 values as decimal strings)")
+    .action(async (handle: bigint, opts: ConnectionOptions & { token?: string; json?: boolean }) => {
+      try {
+        const headers = opts.token ? { authorization: `Bearer ${opts.token}` } : undefined;
+        const res = await createClient(MediaService, clientTransport(opts)).releaseTensor({ handle }, headers ? { headers } : {});
+        process.stdout.write(
+          opts.json
+            ? `${JSON.stringify({ handle: String(handle), released: res.released })}\n`
+            : `${handle} ${res.released ? "released" : "unknown (already released or expired)"}\n`,
+        );
+        if (!res.released) process.exitCode = 3;
       } catch (error) {
         fail(error);
       }
