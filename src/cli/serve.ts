@@ -1,5 +1,6 @@
 import { Command, InvalidArgumentError, Option } from "commander";
 import { pino } from "pino";
+import { stringify as toYaml } from "yaml";
 import { builtinModules } from "../modules.js";
 import { ConfigError, hostPort, loadConfig, parseScalar, redactedConfig, startHost, type ServiceModule } from "../server/index.js";
 import { version } from "../version.js";
@@ -13,6 +14,7 @@ interface ServeOptions {
   logLevel?: string;
   set: Record<string, unknown>;
   printConfig?: boolean;
+  format: "json" | "yaml";
 }
 
 function collectSet(value: string, previous: Record<string, unknown>): Record<string, unknown> {
@@ -75,6 +77,7 @@ export function serveCommand(role?: ServeRole): Command {
     .option("--log-level <level>", "fatal, error, warn, info, debug, trace or silent")
     .option("--set <key=value>", "set any config key, e.g. --set shutdown.graceMs=2000 (repeatable)", collectSet, {})
     .option("--print-config", "print the effective config (secrets redacted) and exit")
+    .addOption(new Option("--format <format>", "--print-config output format").choices(["json", "yaml"]).default("json"))
     .action(async (opts: ServeOptions) => {
       const modules: readonly ServiceModule[] = [...builtinModules, ...((await role?.extraModules?.()) ?? [])];
       const overrides: Record<string, unknown> = { ...opts.set };
@@ -99,7 +102,8 @@ export function serveCommand(role?: ServeRole): Command {
       }
       if (opts.printConfig) {
         for (const w of warnings) process.stderr.write(`mmgate: warning: ${w}\n`);
-        process.stdout.write(`${JSON.stringify(redactedConfig(config), null, 2)}\n`);
+        const printed = redactedConfig(config);
+        process.stdout.write(opts.format === "yaml" ? toYaml(printed) : `${JSON.stringify(printed, null, 2)}\n`);
         return;
       }
       const logger = pino({ level: config.log.level, base: { pid: process.pid }, timestamp: pino.stdTimeFunctions.isoTime });

@@ -4,7 +4,7 @@ import { Code, ConnectError } from "@connectrpc/connect";
 import type { Logger } from "pino";
 import { observeStream } from "../util/index.js";
 import type { ErrorMapper } from "./module.js";
-import { rpcRecordKey } from "./rpc-observer.js";
+import { recordStatus, rpcRecordKey } from "./rpc-observer.js";
 
 export interface CallInterceptorOptions {
   /** True once the server drains: new calls answer UNAVAILABLE, except to `exempt` services. */
@@ -54,18 +54,28 @@ export function callInterceptor(options: CallInterceptorOptions): Interceptor {
         }
       }
       status = encodableStatus(status, logger, req.service.typeName, req.method.name);
-      if (record) record.code ??= status.code;
+      recordStatus(record, status);
       return status;
     };
     if (draining() && !exempt.has(req.service.typeName)) throw fail(new ConnectError("server is shutting down", Code.Unavailable));
+    const series = record?.series;
+    // Messages received: the one of a unary or server-streaming call now;
+    // a client stream's as the handler reads them.
+    if (series !== undefined) {
+      if (!req.stream || req.method.methodKind === "server_streaming") series.received();
+      else req = { ...req, message: observeStream(req.message, { value: () => series.received() }) };
+    }
     let res;
     try {
       res = await next(req);
     } catch (error) {
       throw fail(error);
     }
-    if (!res.stream) return res;
-    return { ...res, message: observeStream(res.message, { error: fail }) };
+    if (!res.stream) {
+      series?.sent();
+      return res;
+    }
+    return { ...res, message: observeStream(res.message, series === undefined ? { error: fail } : { error: fail, value: () => series.sent() }) };
   };
 }
 

@@ -16,6 +16,7 @@ import type { BodyReader, CallHost, FastPathOptions, Route } from "./fast-path-c
 import { jsonOptions } from "./json-options.js";
 import { LeanCall, cutUnreadRequest, ignoreError, onStreamClose, onWantTrailers, resetStream, setAll, stopReading, uncork } from "./fast-path-call.js";
 import type { ObservedCall } from "./rpc-observer.js";
+import { recordStatus } from "./rpc-observer.js";
 
 /**
  * The lean path's Connect unary calls: POST, `application/proto` or
@@ -99,6 +100,7 @@ export class ConnectCall extends LeanCall {
       if (this.controller !== undefined && !this.controller.signal.aborted) this.controller.abort(e);
       const error = e instanceof ConnectError ? e : new ConnectError("internal error", Code.Internal, undefined, undefined, e);
       code = error.code;
+      recordStatus(this.observed.record, error);
       status = codeToHttpStatus(code);
       const header = this.responseHeader;
       header.set("content-type", contentTypeUnaryJson);

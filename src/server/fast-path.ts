@@ -22,6 +22,7 @@ import {
 } from "./fast-path-call.js";
 import { ConnectCall, connectUnaryFormat } from "./fast-path-connect.js";
 import type { ObservedCall } from "./rpc-observer.js";
+import { peerOf, recordStatus } from "./rpc-observer.js";
 
 export type { FastPathOptions } from "./fast-path-call.js";
 
@@ -88,7 +89,7 @@ export class FastPath implements CallHost {
       if (encoding !== undefined && encoding !== "identity") return false;
       if (this.options.declineCompressible && negotiatedEncoding(headers["grpc-accept-encoding"]) !== undefined) return false;
       this.options.taken.inc();
-      const call = new GrpcCall(this, route, stream, headers, this.options.observer.open(path, headers));
+      const call = new GrpcCall(this, route, stream, headers, this.options.observer.open(path, headers, peerOf(stream.session?.socket)));
       void call.run();
       return true;
     }
@@ -100,7 +101,7 @@ export class FastPath implements CallHost {
     if (encoding !== undefined && encoding !== "identity") return false;
     if (this.options.declineCompressible && negotiatedEncoding(headers["accept-encoding"]) !== undefined) return false;
     this.options.taken.inc();
-    const call = new ConnectCall(this, route, stream, headers, this.options.observer.open(path, headers), binary);
+    const call = new ConnectCall(this, route, stream, headers, this.options.observer.open(path, headers, peerOf(stream.session?.socket)), binary);
     void call.run();
     return true;
   }
@@ -287,6 +288,7 @@ class GrpcCall extends LeanCall {
     }
     setTrailerStatus(target, status);
     this.sentCode = status?.code ?? 0;
+    if (status !== undefined) recordStatus(this.observed.record, status);
     const out: OutgoingHttpHeaders = {};
     setAll(out, target);
     return out;

@@ -106,9 +106,13 @@ function closeServer(server: { close(cb: (err?: Error) => void): unknown }): Pro
  * stream closes cleanly rather than being reset, and nothing is written to a
  * stream the client already reset.
  */
-function unknownMethod(req: NodeReq, res: NodeRes): void {
+function unknownMethodMessage(req: NodeReq): string {
   const path = (req.url ?? "").split("?", 1)[0] ?? "";
-  const message = `unknown method ${path.slice(0, 200)}`;
+  return `unknown method ${path.slice(0, 200)}`;
+}
+
+function unknownMethod(req: NodeReq, res: NodeRes): void {
+  const message = unknownMethodMessage(req);
   const contentType = req.headers["content-type"] ?? "";
   req.resume();
   req.on("error", () => undefined);
@@ -386,7 +390,10 @@ export async function startHost(options: HostOptions): Promise<Host> {
     contextValues: (req) => createContextValues().set(rpcRecordKey, observer.recordFor(req)),
     fallback: (req, res) => {
       const record = observer.recordFor(req);
-      if (record) record.code = Code.Unimplemented;
+      if (record) {
+        record.code = Code.Unimplemented;
+        record.error = unknownMethodMessage(req);
+      }
       unknownMethod(req, res as unknown as NodeRes);
     },
   });

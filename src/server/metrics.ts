@@ -13,6 +13,8 @@ export class RpcMetrics {
   private readonly started: Counter<"grpc_service" | "grpc_method" | "grpc_type">;
   private readonly handled: Counter<"grpc_service" | "grpc_method" | "grpc_type" | "grpc_code">;
   private readonly latency: Histogram<"grpc_service" | "grpc_method" | "grpc_type" | "grpc_code">;
+  private readonly msgReceived: Counter<"grpc_service" | "grpc_method" | "grpc_type">;
+  private readonly msgSent: Counter<"grpc_service" | "grpc_method" | "grpc_type">;
 
   /** Calls the host's lean path took (the rest went through connect's handler). */
   readonly leanPathCalls: Counter;
@@ -37,6 +39,18 @@ export class RpcMetrics {
       labelNames: ["grpc_service", "grpc_method", "grpc_type", "grpc_code"],
       registers: [registry],
     });
+    this.msgReceived = new Counter({
+      name: "grpc_server_msg_received_total",
+      help: "Request messages received on the server (handed to the handler).",
+      labelNames: ["grpc_service", "grpc_method", "grpc_type"],
+      registers: [registry],
+    });
+    this.msgSent = new Counter({
+      name: "grpc_server_msg_sent_total",
+      help: "Response messages the handlers sent.",
+      labelNames: ["grpc_service", "grpc_method", "grpc_type"],
+      registers: [registry],
+    });
     this.latency = new Histogram({
       name: "grpc_server_handling_seconds",
       help: "Time from the request's arrival to its last byte, by status code.",
@@ -57,8 +71,12 @@ export class RpcMetrics {
       const labels = { grpc_service: service, grpc_method: method, grpc_type: type };
       const byCode = new Map<string, { handled: Counter.Internal; latency: Histogram.Internal<string> }>();
       const started = this.started.labels(labels);
+      const received = this.msgReceived.labels(labels);
+      const sent = this.msgSent.labels(labels);
       bound = {
         started: () => started.inc(),
+        received: () => received.inc(),
+        sent: () => sent.inc(),
         handled: (code, seconds) => {
           let series = byCode.get(code);
           if (!series) {
@@ -78,8 +96,10 @@ export class RpcMetrics {
   private readonly bound = new Map<string, MethodMetrics>();
 }
 
-/** One method's series: started, and handled with its latency by code. */
+/** One method's series: started, messages received and sent, and handled with its latency by code. */
 export interface MethodMetrics {
   started(): void;
+  received(): void;
+  sent(): void;
   handled(code: string, seconds: number): void;
 }

@@ -18,6 +18,32 @@ export interface RpcRecord {
   readonly type: RpcType;
   /** Set by the interceptor when the handler (or the host) decides the status. */
   code?: Code;
+  /** The error message that went with `code` (a failed call's, for its log line). */
+  error?: string;
+  /** The method's series, for the message counters the interceptor feeds. */
+  readonly series: MethodMetrics;
+}
+
+/** Records `error`'s status as the call's, unless one is recorded already. */
+export function recordStatus(record: RpcRecord | undefined, error: { code: Code; rawMessage: string }): void {
+  if (record === undefined || record.code !== undefined) return;
+  record.code = error.code;
+  record.error = error.rawMessage;
+}
+
+/** The request's protocol, as its content type names it. */
+export type RpcProtocol = "grpc" | "grpc-web" | "connect";
+
+export function protocolOf(contentType: string | undefined): RpcProtocol {
+  if (contentType === undefined || !contentType.startsWith("application/grpc")) return "connect";
+  return contentType.startsWith("application/grpc-web") ? "grpc-web" : "grpc";
+}
+
+/** "address:port" of the client ("[address]:port" for IPv6); undefined when the socket is gone. */
+export function peerOf(socket: { remoteAddress?: string | undefined; remotePort?: number | undefined } | undefined | null): string | undefined {
+  const address = socket?.remoteAddress;
+  if (address === undefined) return undefined;
+  return address.includes(":") ? `[${address}]:${socket?.remotePort ?? 0}` : `${address}:${socket?.remotePort ?? 0}`;
 }
 
 export const rpcRecordKey = createContextKey<RpcRecord | undefined>(undefined, { description: "mmgate rpc record" });
@@ -52,7 +78,8 @@ function withoutConnectionHeaders(headers: Record<string, unknown>): Record<stri
 
 /** "RESOURCE_EXHAUSTED" style names, as grpc-status documentation spells them. */
 export function codeName(code: Code | 0): string {
-  return code === 0 ? "OK" : codeToString(code).toUpperCase();
+  // connect spells it "canceled"; gRPC's status names spell it CANCELLED.
+  return code === 0 ? "OK" : code === Code.Canceled ? "CANCELLED" : codeToString(code).toUpperCase();
 }
 
 function rpcType(method: DescMethod): RpcType {
@@ -68,6 +95,15 @@ function rpcType(method: DescMethod): RpcType {
   }
 }
 
+/** A grpc-message trailer's text (percent-encoded on the wire). */
+function decodeGrpcMessage(value: string): string {
+  try {
+    return decodeURIComponent(value);
+  } catch {
+    return value;
+  }
+}
+
 type NodeReq = Http2ServerRequest | IncomingMessage;
 
 /** One call between `RpcObserver.open` and `close`. */
@@ -76,6 +112,9 @@ export interface ObservedCall {
   readonly path: string;
   readonly series: MethodMetrics;
   readonly started: number;
+  readonly protocol: RpcProtocol;
+  /** The client's address and port, when known. */
+  readonly peer: string | undefined;
 }
 type NodeRes = Http2ServerResponse | ServerResponse;
 
@@ -108,17 +147,15 @@ export class RpcObserver {
    * finishes it. Both paths of the host (connect's and the lean one) use
    * this pair, so their logs and metrics cannot differ.
    */
-  open(path: string, headers: IncomingHttpHeaders): ObservedCall {
+  open(path: string, headers: IncomingHttpHeaders, peer: string | undefined): ObservedCall {
     const known = this.methods.get(path);
-    const record: RpcRecord = {
-      requestId: requestIdFrom(headers),
-      service: known?.service ?? "unknown",
-      method: known?.method ?? "unknown",
-      type: known?.type ?? "unknown",
-    };
-    const series = this.metrics.forMethod(record.service, record.method, record.type);
+    const service = known?.service ?? "unknown";
+    const method = known?.method ?? "unknown";
+    const type = known?.type ?? "unknown";
+    const series = this.metrics.forMethod(service, method, type);
+    const record: RpcRecord = { requestId: requestIdFrom(headers), service, method, type, series };
     series.started();
-    return { record, path, series, started: performance.now() };
+    return { record, path, series, started: performance.now(), protocol: protocolOf(headers["content-type"]), peer };
   }
 
   /** Counts and logs a call opened with `open`, ended with `code`. */
@@ -134,6 +171,10 @@ export class RpcObserver {
         code: name,
         durationMs: Math.round(seconds * 1e6) / 1e3,
         requestId: record.requestId,
+        protocol: call.protocol,
+        peer: call.peer,
+        // The message of a failed call, when the host learned it.
+        error: code === 0 ? undefined : record.error,
       },
       "rpc finished",
     );
@@ -142,7 +183,7 @@ export class RpcObserver {
   /** Starts observing a request of connect's path; returns the record its handler will see. */
   begin(req: NodeReq, res: NodeRes): RpcRecord {
     const path = (req.url ?? "").split("?", 1)[0] ?? "";
-    const call = this.open(path, req.headers);
+    const call = this.open(path, req.headers, peerOf(req.socket));
     const record = call.record;
     this.records.set(req, record);
     res.setHeader("x-request-id", record.requestId);
@@ -153,6 +194,8 @@ export class RpcObserver {
     (res as { addTrailers: (headers: Record<string, unknown>) => void }).addTrailers = (headers) => {
       const status = headers["grpc-status"];
       if (typeof status === "string") trailerStatus = status;
+      const message = headers["grpc-message"];
+      if (typeof message === "string" && status !== "0") record.error ??= decodeGrpcMessage(message);
       addTrailers(withoutConnectionHeaders(headers));
     };
     // A handler's connection-specific header would make Node refuse the
@@ -201,6 +244,9 @@ export class RpcObserver {
         else if (typeof headerStatus === "string") code = Number(headerStatus) as Code | 0;
         else code = sniffer.status(res.statusCode);
         code ??= record.code ?? (res.statusCode === 200 ? 0 : codeFromHttpStatus(res.statusCode));
+        // A status the host answered without the interceptor (an unknown
+        // method, a malformed request): its message is in the body.
+        if (code !== 0 && record.error === undefined && sniffer.watchesBody) record.error = sniffer.message();
       }
       this.close(call, code);
     };

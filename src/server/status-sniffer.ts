@@ -96,6 +96,28 @@ export class StatusSniffer {
    * decides a Connect unary response: 200 is OK, anything else has a JSON
    * error body with a code.
    */
+  /** The error message the body carried with its status, if any (read once the body is out). */
+  message(): string | undefined {
+    switch (this.format) {
+      case "none":
+        return undefined;
+      case "connect-unary":
+        return this.unaryBody.length === 0 ? undefined : messageOfJson(concat(this.unaryBody), (json) => json);
+      case "connect-stream":
+        return this.statusFrame === undefined ? undefined : messageOfJson(this.statusFrame, (json) => json.error);
+      case "grpc-web": {
+        if (this.statusFrame === undefined) return undefined;
+        const match = /(?:^|\r\n)grpc-message:[ \t]*([^\r\n]*)/i.exec(new TextDecoder().decode(this.statusFrame));
+        if (!match) return undefined;
+        try {
+          return decodeURIComponent(match[1]!);
+        } catch {
+          return match[1];
+        }
+      }
+    }
+  }
+
   status(httpStatus: number): Code | 0 | undefined {
     switch (this.format) {
       case "none":
@@ -131,6 +153,16 @@ function codeOfJson(
     const error = pick(json) as { code?: unknown } | undefined;
     if (error === undefined || error === null) return absent;
     return typeof error.code === "string" ? (codeFromString(error.code) ?? Code.Unknown) : Code.Unknown;
+  } catch {
+    return undefined;
+  }
+}
+
+/** `pick(json).message` when it is a string. */
+function messageOfJson(bytes: Uint8Array, pick: (json: Record<string, unknown>) => unknown): string | undefined {
+  try {
+    const error = pick(JSON.parse(new TextDecoder().decode(bytes)) as Record<string, unknown>) as { message?: unknown } | undefined;
+    return typeof error?.message === "string" ? error.message : undefined;
   } catch {
     return undefined;
   }

@@ -2,6 +2,8 @@
 export interface StreamObserver {
   /** The stream failed: return the error to rethrow (the same one, or a mapped one). */
   error?(error: unknown): unknown;
+  /** The stream yielded a message. */
+  value?(): void;
   /** The stream ended normally, after its last message. */
   end?(): void;
   /** The consumer stopped reading before the end. */
@@ -24,6 +26,7 @@ export function observeStream<T>(source: AsyncIterable<T>, observer: StreamObser
       };
       const onResult = (result: IteratorResult<T>) => {
         if (result.done === true) observer.end?.();
+        else observer.value?.();
         return result;
       };
       return {

@@ -1324,10 +1324,10 @@ for (const fastPath of [true, false]) {
       await eventually(() => expect(errors.map((e) => e.code)).to.deep.equal([grpc.status.CANCELLED]));
     });
 
-    it("a unary call the client cancelled is logged and counted as CANCELED", async () => {
+    it("a unary call the client cancelled is logged and counted as CANCELLED", async () => {
       const metadata = new grpc.Metadata();
       metadata.set("x-request-id", `${label}-cancel-unary`);
-      const canceled = { grpc_service: SHAPES, grpc_method: "Unary", grpc_type: "unary", grpc_code: "CANCELED" };
+      const canceled = { grpc_service: SHAPES, grpc_method: "Unary", grpc_type: "unary", grpc_code: "CANCELLED" };
       const before = await metricsText(server.adminAddr);
       const call = client.makeUnaryRequest(UNARY, serialize, deserialize, "hang:cancel-unary", metadata, {}, () => undefined);
       await eventually(() => expect(eventsOf(label, "cancel-unary")).to.include("started"));
@@ -1338,15 +1338,15 @@ for (const fastPath of [true, false]) {
         expect(found, "rpc finished line").to.not.equal(undefined);
         return found!;
       });
-      expect(line["code"], "the logged code").to.equal("CANCELED");
+      expect(line["code"], "the logged code").to.equal("CANCELLED");
       const after = await metricsText(server.adminAddr);
-      expect(sample(after, "grpc_server_handled_total", canceled) - sample(before, "grpc_server_handled_total", canceled), "handled CANCELED").to.equal(1);
+      expect(sample(after, "grpc_server_handled_total", canceled) - sample(before, "grpc_server_handled_total", canceled), "handled CANCELLED").to.equal(1);
     });
 
-    it("a server stream the client cancelled (its handler then returns normally) is logged and counted as CANCELED", async () => {
+    it("a server stream the client cancelled (its handler then returns normally) is logged and counted as CANCELLED", async () => {
       const metadata = new grpc.Metadata();
       metadata.set("x-request-id", `${label}-cancel-log`);
-      const canceled = { grpc_service: SHAPES, grpc_method: "ServerStream", grpc_type: "server_stream", grpc_code: "CANCELED" };
+      const canceled = { grpc_service: SHAPES, grpc_method: "ServerStream", grpc_type: "server_stream", grpc_code: "CANCELLED" };
       const before = await metricsText(server.adminAddr);
       const call = client.makeServerStreamRequest(SERVER_STREAM, serialize, deserialize, "wait:cancel-log", metadata, {});
       call.on("error", () => undefined);
@@ -1358,9 +1358,9 @@ for (const fastPath of [true, false]) {
         expect(found, "rpc finished line").to.not.equal(undefined);
         return found!;
       });
-      expect(line["code"], "the logged code").to.equal("CANCELED");
+      expect(line["code"], "the logged code").to.equal("CANCELLED");
       const after = await metricsText(server.adminAddr);
-      expect(sample(after, "grpc_server_handled_total", canceled) - sample(before, "grpc_server_handled_total", canceled), "handled CANCELED").to.equal(1);
+      expect(sample(after, "grpc_server_handled_total", canceled) - sample(before, "grpc_server_handled_total", canceled), "handled CANCELLED").to.equal(1);
     });
 
     it("a grpc-js deadline shorter than the handler's sleep: DEADLINE_EXCEEDED on the client, the handler's signal aborted", async () => {
@@ -1441,17 +1441,22 @@ for (const fastPath of [true, false]) {
           expect(found, `rpc finished line for ${requestId}`).to.not.equal(undefined);
           return found!;
         });
-        expect(Object.keys(line).sort()).to.deep.equal(["code", "durationMs", "hostname", "level", "method", "msg", "pid", "requestId", "service", "time"]);
+        const failed = code === "OK" ? [] : ["error"];
+        expect(Object.keys(line).sort()).to.deep.equal(
+          ["code", "durationMs", ...failed, "hostname", "level", "method", "msg", "peer", "pid", "protocol", "requestId", "service", "time"],
+        );
         expect(line["durationMs"]).to.be.a("number");
-        const { time: _time, pid: _pid, hostname: _hostname, durationMs: _durationMs, ...rest } = line;
-        expect(rest).to.deep.equal({ level: 30, msg: "rpc finished", service: SHAPES, method, code, requestId });
+        expect(line["peer"]).to.match(/^127\.0\.0\.1:\d+$/);
+        if (code !== "OK") expect(line["error"], `error of ${requestId}`).to.be.a("string").and.not.equal("");
+        const { time: _time, pid: _pid, hostname: _hostname, durationMs: _durationMs, peer: _peer, error: _error, ...rest } = line;
+        expect(rest).to.deep.equal({ level: 30, msg: "rpc finished", service: SHAPES, method, code, requestId, protocol: "grpc" });
       }
       const unmapped = logLines.map((l) => JSON.parse(l) as Record<string, unknown>).find((l) => l["msg"] === "unmapped error: answering INTERNAL");
       expect(unmapped?.["requestId"]).to.equal(`${label}-log-2`);
     });
 
-    it("a Connect unary call the client cancels: the handler's signal aborted (Canceled), logged and counted as CANCELED", async () => {
-      const canceled = { grpc_service: SHAPES, grpc_method: "Unary", grpc_type: "unary", grpc_code: "CANCELED" };
+    it("a Connect unary call the client cancels: the handler's signal aborted (Canceled), logged and counted as CANCELLED", async () => {
+      const canceled = { grpc_service: SHAPES, grpc_method: "Unary", grpc_type: "unary", grpc_code: "CANCELLED" };
       const before = await metricsText(server.adminAddr);
       const session = await connectH2(server.addr);
       try {
@@ -1468,9 +1473,9 @@ for (const fastPath of [true, false]) {
         expect(found, "rpc finished line").to.not.equal(undefined);
         return found!;
       });
-      expect(line["code"], "the logged code").to.equal("CANCELED");
+      expect(line["code"], "the logged code").to.equal("CANCELLED");
       const after = await metricsText(server.adminAddr);
-      expect(sample(after, "grpc_server_handled_total", canceled) - sample(before, "grpc_server_handled_total", canceled), "handled CANCELED").to.equal(1);
+      expect(sample(after, "grpc_server_handled_total", canceled) - sample(before, "grpc_server_handled_total", canceled), "handled CANCELLED").to.equal(1);
     });
 
     it(`Connect unary calls: the "rpc finished" log line and grpc_server_handled_total as for gRPC, the lean counter grown by ${leanOn ? "each" : "none"}`, async () => {
@@ -1498,9 +1503,10 @@ for (const fastPath of [true, false]) {
           expect(found, `rpc finished line for ${requestId}`).to.not.equal(undefined);
           return found!;
         });
-        const { time: _time, pid: _pid, hostname: _hostname, durationMs, ...rest } = line;
+        const { time: _time, pid: _pid, hostname: _hostname, durationMs, peer, error: _error, ...rest } = line;
         expect(durationMs).to.be.a("number");
-        expect(rest, `case ${i}`).to.deep.equal({ level: 30, msg: "rpc finished", service: SHAPES, method: "Unary", code, requestId });
+        expect(peer).to.match(/^127\.0\.0\.1:\d+$/);
+        expect(rest, `case ${i}`).to.deep.equal({ level: 30, msg: "rpc finished", service: SHAPES, method: "Unary", code, requestId, protocol: "connect" });
       }
       await eventually(async () => {
         const after = await metricsText(server.adminAddr);
