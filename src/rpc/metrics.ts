@@ -1,8 +1,8 @@
 import { Code, ConnectError } from "@connectrpc/connect";
 import type { Interceptor } from "@connectrpc/connect";
-import { codeToString } from "@connectrpc/connect/protocol-connect";
 import { Counter, Histogram } from "prom-client";
 import type { Registry } from "prom-client";
+import { codeName } from "../server/index.js";
 import { observeStream } from "../util/index.js";
 import { registeredMetric } from "../util/index.js";
 
@@ -55,9 +55,6 @@ export function clientMetrics(registry: Registry): ClientMetrics {
 }
 
 /** "NOT_FOUND" style names, as the gRPC status documentation spells them. */
-function grpcCodeName(code: Code | 0): string {
-  return code === 0 ? "OK" : codeToString(code).toUpperCase();
-}
 
 /**
  * The status a failed call ended with. When the call's own signal fired
@@ -85,7 +82,7 @@ export function metricsInterceptor(metrics: ClientMetrics): Interceptor {
     const record = (code: Code | 0) => {
       if (recorded) return;
       recorded = true;
-      metrics.handled.inc({ ...labels, grpc_code: grpcCodeName(code) });
+      metrics.handled.inc({ ...labels, grpc_code: codeName(code) });
       metrics.latency.observe(labels, (performance.now() - started) / 1000);
     };
     const signal = req.signal;

@@ -18,7 +18,7 @@ export type { TaskOptions } from "./supervisor.js";
 export { bindService, defineModule } from "./module.js";
 export { HealthRegistry, Readiness, ServingStatus } from "./health.js";
 export { Access } from "./auth.js";
-export { requestIdOf } from "./rpc-observer.js";
+export { codeName, requestIdOf } from "./rpc-observer.js";
 export { serializeChunked } from "./message-chunks.js";
 export { h2ResetError } from "./h2-reset.js";
 export { webHeadersOf } from "./h2-headers.js";

@@ -134,7 +134,7 @@ for (const leanPath of [true, false]) {
       expect(count?.value).to.equal(3);
     });
 
-    it("counts a stream when it ends: OK after the last message, CANCELED when the caller cancels", async () => {
+    it("counts a stream when it ends: OK after the last message, CANCELLED when the caller cancels", async () => {
       const registry = new Registry();
       const health = createClient(Health, open(channelDefaults, registry));
       const watch = { grpc_service: "grpc.health.v1.Health", grpc_method: "Watch" };
@@ -142,10 +142,10 @@ for (const leanPath of [true, false]) {
       const stream = health.watch({ service: "" }, { signal: controller.signal });
       const it = stream[Symbol.asyncIterator]();
       expect((await it.next()).value?.status).to.equal(S.SERVING);
-      expect(await counterValue(registry, "grpc_client_handled_total", { ...watch, grpc_code: "CANCELED" })).to.equal(0);
+      expect(await counterValue(registry, "grpc_client_handled_total", { ...watch, grpc_code: "CANCELLED" })).to.equal(0);
       controller.abort();
       expect(await codeOf(it.next())).to.equal(Code.Canceled);
-      expect(await counterValue(registry, "grpc_client_handled_total", { ...watch, grpc_code: "CANCELED" })).to.equal(1);
+      expect(await counterValue(registry, "grpc_client_handled_total", { ...watch, grpc_code: "CANCELLED" })).to.equal(1);
     });
 
     it("leaves only application metadata on a failed call's error, so that a handler can rethrow it", async () => {
