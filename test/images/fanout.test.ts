@@ -60,6 +60,24 @@ describe("images: output fan-out (reference acceptance tests)", () => {
     expect(partialIndices(events)).to.deep.equal([0, 2, 3]);
   });
 
+  it("a fan-out of more chunks than Node's default listener limit warns of no leak", async () => {
+    const warnings: Error[] = [];
+    const onWarning = (warning: Error): void => void warnings.push(warning);
+    process.on("warning", onWarning);
+    try {
+      const { provider } = decorate({}, { maxOutputs: 16, maxParallelOutputs: 16 });
+      for (const failurePolicy of ["best_effort", "fail_fast"] as const) {
+        const response = await provider.execute(request({ parameters: { n: 16, failurePolicy } }), context());
+        expect(response.data).to.have.length(16);
+      }
+      // Warnings are emitted on the next tick.
+      await new Promise((resolve) => setImmediate(resolve));
+    } finally {
+      process.off("warning", onWarning);
+    }
+    expect(warnings.filter((w) => w.name === "MaxListenersExceededWarning")).to.deep.equal([]);
+  });
+
   it("fail fast stops unscheduled outputs and marks the batch ambiguous", async () => {
     const { inner, provider } = decorate({ failOffset: 0 });
     const error = await rejection(provider.execute(request({ parameters: { n: 4 } }), context()));

@@ -1,3 +1,4 @@
+import { defaultMaxListeners, setMaxListeners } from "node:events";
 import type {
   GenerationParameters,
   ImageRequest,
@@ -235,6 +236,9 @@ export class OutputFanoutProvider implements ImageProvider {
     const batchSignal = batch?.signal ?? context.signal;
 
     const chunks = planChunks(request.parameters.n, nativeMax);
+    // Each chunk's call listens on the batch signal (and its permit wait too): a fan-out of more
+    // chunks than Node's default of 10 listeners is expected, not a leak to warn about.
+    setMaxListeners(Math.max(defaultMaxListeners, 2 * chunks.length + defaultMaxListeners), batchSignal);
     const results: ChunkResult[] = new Array<ChunkResult>(chunks.length);
     const running = new Map<number, ChunkRun>();
     // Chunks report here as they end; the loop below takes them in that order.
