@@ -38,7 +38,6 @@
  * A failed command answers {"error": "..."}. Exits when stdin closes.
  */
 import { createHash } from "node:crypto";
-import type { EventEmitter } from "node:events";
 import { readFileSync } from "node:fs";
 import * as http2 from "node:http2";
 import type { AddressInfo } from "node:net";
@@ -48,21 +47,11 @@ import { pino } from "pino";
 import { z } from "zod";
 import { ProducerIdentitySchema } from "../gen/dynamo/kvrelay/v1/relay_pb.js";
 import type { Relay } from "../src/relay/service/index.js";
+import { writable } from "./_wire.js";
 
 type Command = { op: string; pool?: string; bootstrap?: string; deltas?: string };
 type Handler = (cmd: Command) => Record<string, unknown> | Promise<Record<string, unknown>>;
 
-/** Resolves once a stream's buffer has room again, or once one of `ends` says the peer went away. */
-function writable(stream: EventEmitter, ...ends: string[]): Promise<void> {
-  const events = ["drain", ...ends];
-  return new Promise((resolve) => {
-    const done = () => {
-      for (const e of events) stream.off(e, done);
-      resolve();
-    };
-    for (const e of events) stream.on(e, done);
-  });
-}
 
 async function relayServer(rawConfig: string): Promise<{ address: string; handle: Handler }> {
   // Loaded here so the bare server's process holds no mmgate code.

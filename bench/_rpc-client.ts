@@ -50,6 +50,7 @@ import { execFileSync } from "node:child_process";
 import { readFileSync } from "node:fs";
 import { createInterface } from "node:readline";
 import * as grpc from "@grpc/grpc-js";
+import { frame } from "./_wire.js";
 
 interface Command {
   addr: string;
@@ -113,13 +114,6 @@ const MiB = 1024 * 1024;
 const STREAM_WINDOW = 8 * MiB;
 const CONNECTION_WINDOW = 32 * MiB;
 
-/** A length-prefixed gRPC frame around a message. */
-function frame(message: Buffer): Buffer {
-  const out = Buffer.alloc(5 + message.length);
-  out.writeUInt32BE(message.length, 1);
-  message.copy(out, 5);
-  return out;
-}
 
 function http2Client(cmd: Command, expected: Expected): Client {
   const session = http2.connect(`http://${cmd.addr}`, { settings: { initialWindowSize: STREAM_WINDOW } });

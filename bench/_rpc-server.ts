@@ -41,7 +41,6 @@
  * Prints one JSON line, {"address":"127.0.0.1:PORT"}, once it listens, and
  * exits when its stdin closes (the parent bench went away).
  */
-import type { EventEmitter } from "node:events";
 import * as http2 from "node:http2";
 import type { AddressInfo } from "node:net";
 import type { DescService, Message } from "@bufbuild/protobuf";
@@ -60,6 +59,7 @@ import {
   HealthCheckResponse_ServingStatus,
   HealthCheckResponseSchema,
 } from "../gen/grpc/health/v1/health_pb.js";
+import { frame, writable } from "./_wire.js";
 
 const benchFile = create(FileDescriptorProtoSchema, {
   name: "mmgate/bench/v1/bench_rpc.proto",
@@ -130,17 +130,6 @@ function benchImpl(r: Replies): Partial<ServiceImpl<typeof BenchRpc>> {
   return impl as unknown as Partial<ServiceImpl<typeof BenchRpc>>;
 }
 
-/** Resolves once a stream's buffer has room again, or once one of `ends` says the peer went away. */
-function writable(stream: EventEmitter, ...ends: string[]): Promise<void> {
-  const events = ["drain", ...ends];
-  return new Promise((resolve) => {
-    const done = () => {
-      for (const e of events) stream.off(e, done);
-      resolve();
-    };
-    for (const e of events) stream.on(e, done);
-  });
-}
 
 async function mmgateHost(r: Replies, fastPath: boolean): Promise<string> {
   // Loaded here so the bare servers' processes hold no mmgate code.
@@ -234,14 +223,6 @@ async function bareGrpcJs(r: Replies): Promise<string> {
   return `127.0.0.1:${port}`;
 }
 
-/** A gRPC length-prefixed frame around an encoded message. */
-function frame(message: Uint8Array): Buffer {
-  const out = Buffer.allocUnsafe(5 + message.length);
-  out[0] = 0;
-  out.writeUInt32BE(message.length, 1);
-  out.set(message, 5);
-  return out;
-}
 
 /**
  * The floor: gRPC over node:http2 with nothing between the stream and the

@@ -106,6 +106,7 @@ import { FilterFormat, SnapshotAssembly, snapshotChunkCount } from "../src/relay
 import { routerEventFromWire } from "../src/relay/service/ingest.js";
 import { RELAY_CONTRACT_MARKER } from "../src/relay/wire/index.js";
 import { median, ratios, spread } from "./_stats.js";
+import { frame, selected } from "./_wire.js";
 
 const MiB = 1024 * 1024;
 const MB = 1e6;
@@ -192,14 +193,6 @@ const relayConfig = {
 
 // --- gRPC framing and the raw client -----------------------------------------
 
-/** A gRPC length-prefixed frame around a message. */
-function frame(message: Uint8Array): Buffer {
-  const out = Buffer.allocUnsafe(5 + message.length);
-  out[0] = 0;
-  out.writeUInt32BE(message.length, 1);
-  out.set(message, 5);
-  return out;
-}
 
 /**
  * Splits a gRPC response body into messages as its DATA chunks arrive. A
@@ -395,15 +388,6 @@ async function interleaveMeasured<T>(contenders: (() => Promise<T>)[], rounds: n
   return results;
 }
 
-/** The comma-separated names in an env variable, each one of `known`; all of them when unset. */
-function selected<K extends string>(variable: string, known: readonly K[]): K[] {
-  const value = process.env[variable];
-  if (value === undefined || value.trim() === "") return [...known];
-  const names = value.split(",").map((s) => s.trim());
-  const unknown = names.filter((n) => !(known as readonly string[]).includes(n));
-  if (unknown.length > 0) throw new Error(`${variable}: unknown ${unknown.join(", ")} (known: ${known.join(", ")})`);
-  return known.filter((k) => names.includes(k));
-}
 
 const ratio = (xs: number[]) => `${median(xs).toFixed(2)}x (${spread(xs, 2)})`;
 const clientCpuUs = () => {

@@ -54,6 +54,7 @@ import { create, toBinary } from "@bufbuild/protobuf";
 import { BytesValueSchema, UInt32ValueSchema } from "@bufbuild/protobuf/wkt";
 import { HealthCheckRequestSchema, HealthCheckResponse_ServingStatus, HealthCheckResponseSchema } from "../gen/grpc/health/v1/health_pb.js";
 import { median, ratios, spread } from "./_stats.js";
+import { selected } from "./_wire.js";
 
 const KiB = 1024;
 const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 7);
@@ -75,15 +76,6 @@ const CHECKED_BYTES = 128 * KiB;
 const TARGET_UNARY_VS_GRPC_JS = 0.8;
 const TARGET_STREAM_VS_HTTP2 = 0.7;
 
-/** The comma-separated names in an env variable, each one of `known`; all of them when unset. */
-function selected<K extends string>(variable: string, known: readonly K[]): K[] {
-  const value = process.env[variable];
-  if (value === undefined || value.trim() === "") return [...known];
-  const names = value.split(",").map((s) => s.trim());
-  const unknown = names.filter((n) => !(known as readonly string[]).includes(n));
-  if (unknown.length > 0) throw new Error(`${variable}: unknown ${unknown.join(", ")} (known: ${known.join(", ")})`);
-  return known.filter((k) => names.includes(k));
-}
 
 const root = new URL("..", import.meta.url).pathname;
 
