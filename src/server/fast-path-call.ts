@@ -212,6 +212,49 @@ export interface BodyReader {
 }
 
 /**
+ * A request body reader that settles once: with its result, or with the
+ * error that refused the body. Either way it stops reading; a refusal also
+ * pauses the stream, whose unread rest is cut once the answer is out.
+ */
+export abstract class SettlingBodyReader<T> implements BodyReader {
+  readonly result: Promise<T>;
+  settled = false;
+  private resolveResult!: (value: T) => void;
+  private rejectResult!: (error: ConnectError) => void;
+
+  constructor(protected readonly stream: ServerHttp2Stream) {
+    this.result = new Promise<T>((resolve, reject) => {
+      this.resolveResult = resolve;
+      this.rejectResult = reject;
+    });
+  }
+
+  abstract data(chunk: Buffer): void;
+  abstract end(): void;
+
+  /** The stream closed before the body ended. */
+  abort(): void {
+    if (!this.settled) this.fail(new ConnectError("the client closed the stream before sending its request", Code.Canceled));
+  }
+
+  protected succeed(value: T): void {
+    this.settle();
+    this.resolveResult(value);
+  }
+
+  protected fail(error: ConnectError): void {
+    this.settle();
+    this.stream.pause();
+    this.rejectResult(error);
+  }
+
+  private settle(): void {
+    this.settled = true;
+    stopReading(this.stream);
+  }
+}
+
+/**
  * Stream listeners shared by every call: the stream is `this`, its call
  * hangs off it. Closures per call would each cost an allocation (and, run
  * through tsx, a defineProperty for their name) on the hottest path.

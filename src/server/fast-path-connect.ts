@@ -12,9 +12,9 @@ import {
   parseTimeout,
   trailerMux,
 } from "@connectrpc/connect/protocol-connect";
-import type { BodyReader, CallHost, FastPathOptions, Route } from "./fast-path-call.js";
+import type { CallHost, FastPathOptions, Route } from "./fast-path-call.js";
 import { jsonOptions } from "./json-options.js";
-import { LeanCall, cutUnreadRequest, ignoreError, onStreamClose, onWantTrailers, resetStream, setAll, stopReading, uncork } from "./fast-path-call.js";
+import { LeanCall, SettlingBodyReader, cutUnreadRequest, ignoreError, onStreamClose, onWantTrailers, resetStream, setAll, uncork } from "./fast-path-call.js";
 import type { ObservedCall } from "./rpc-observer.js";
 import { recordStatus } from "./rpc-observer.js";
 
@@ -165,7 +165,7 @@ export class ConnectCall extends LeanCall {
   private readInput(): Promise<Uint8Array> {
     const reader = new BodyBytes(this.stream, this.path.options.readMaxBytes, this.headers["content-length"]);
     if (!reader.settled) this.listenToBody(reader);
-    return reader.bytes;
+    return reader.result;
   }
 }
 
@@ -185,11 +185,7 @@ function errorBody(error: ConnectError): Uint8Array {
  * readMaxBytes; without one, whatever comes, refused once it grows past
  * readMaxBytes. A body that arrives in one chunk is used as it is.
  */
-class BodyBytes implements BodyReader {
-  readonly bytes: Promise<Uint8Array>;
-  private resolve!: (bytes: Uint8Array) => void;
-  private reject!: (error: ConnectError) => void;
-  settled = false;
+class BodyBytes extends SettlingBodyReader<Uint8Array> {
   /** The content-length, when it is one connect takes; -1 otherwise. */
   private readonly expected: number;
   private received = 0;
@@ -201,14 +197,11 @@ class BodyBytes implements BodyReader {
   private buffer: Uint8Array | undefined;
 
   constructor(
-    private readonly stream: ServerHttp2Stream,
+    stream: ServerHttp2Stream,
     private readonly readMaxBytes: number,
     contentLength: string | undefined,
   ) {
-    this.bytes = new Promise((resolve, reject) => {
-      this.resolve = resolve;
-      this.reject = reject;
-    });
+    super(stream);
     // connect's parseLengthHint: parseInt, then a safe integer >= 0.
     const hint = contentLength === undefined ? Number.NaN : parseInt(contentLength, 10);
     this.expected = Number.isSafeInteger(hint) && hint >= 0 ? hint : -1;
@@ -254,27 +247,10 @@ class BodyBytes implements BodyReader {
       this.fail(new ConnectError(`protocol error: promised ${this.expected} bytes, received ${this.received}`, Code.InvalidArgument));
       return;
     }
-    this.settle();
     let bytes: Uint8Array;
     if (this.buffer !== undefined) bytes = this.buffer;
     else if (this.more !== undefined) bytes = Buffer.concat([this.first!, ...this.more], this.received);
     else bytes = this.first ?? new Uint8Array(0);
-    this.resolve(bytes);
-  }
-
-  abort(): void {
-    if (!this.settled) this.fail(new ConnectError("the client closed the stream before sending its request", Code.Canceled));
-  }
-
-  /** Stops reading: what is left of the body is cut once the answer is out. */
-  private fail(error: ConnectError): void {
-    this.settle();
-    this.stream.pause();
-    this.reject(error);
-  }
-
-  private settle(): void {
-    this.settled = true;
-    stopReading(this.stream);
+    this.succeed(bytes);
   }
 }

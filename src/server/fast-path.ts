@@ -4,7 +4,7 @@ import { fromBinary } from "@bufbuild/protobuf";
 import type { StreamRequest, StreamResponse, UnaryRequest, UnaryResponse } from "@connectrpc/connect";
 import { Code, ConnectError } from "@connectrpc/connect";
 import { parseTimeout, setTrailerStatus } from "@connectrpc/connect/protocol-grpc";
-import type { BodyReader, CallHost, FastPathOptions, Impl, Route } from "./fast-path-call.js";
+import type { CallHost, FastPathOptions, Impl, Route } from "./fast-path-call.js";
 import {
   LeanCall,
   SingleInput,
@@ -17,7 +17,7 @@ import {
   onWantTrailers,
   resetStream,
   setAll,
-  stopReading,
+  SettlingBodyReader,
   uncork,
 } from "./fast-path-call.js";
 import { ConnectCall, connectUnaryFormat } from "./fast-path-connect.js";
@@ -302,7 +302,7 @@ class GrpcCall extends LeanCall {
     if (this.timeoutError !== undefined) return Promise.reject(this.timeoutError);
     const reader = new InputReader(this.stream, this.method.input, this.path.options.readMaxBytes, this.route.streaming ? "server-streaming" : "unary");
     this.listenToBody(reader);
-    return reader.message;
+    return reader.result;
   }
 }
 
@@ -316,11 +316,7 @@ class GrpcCall extends LeanCall {
  * "incomplete envelope" even when only its header arrived (connect then
  * answers as if the frame were absent).
  */
-class InputReader implements BodyReader {
-  readonly message: Promise<unknown>;
-  private resolve!: (message: unknown) => void;
-  private reject!: (error: ConnectError) => void;
-  private settled = false;
+class InputReader extends SettlingBodyReader<unknown> {
   /** A frame header split across chunks, while it is completed. */
   private header: Buffer | undefined;
   private headerFilled = 0;
@@ -335,15 +331,12 @@ class InputReader implements BodyReader {
   private received: unknown;
 
   constructor(
-    private readonly stream: ServerHttp2Stream,
+    stream: ServerHttp2Stream,
     private readonly desc: DescMessage,
     private readonly readMaxBytes: number,
     private readonly kind: string,
   ) {
-    this.message = new Promise((resolve, reject) => {
-      this.resolve = resolve;
-      this.reject = reject;
-    });
+    super(stream);
   }
 
   data(chunk: Buffer): void {
@@ -398,15 +391,7 @@ class InputReader implements BodyReader {
     if (this.settled) return;
     if (this.inFrame || this.headerFilled > 0) this.fail(new ConnectError("protocol error: incomplete envelope", Code.InvalidArgument));
     else if (this.received === undefined) this.fail(new ConnectError(`protocol error: missing input message for ${this.kind} method`, Code.Unimplemented));
-    else {
-      this.settle();
-      this.resolve(this.received);
-    }
-  }
-
-  /** The stream closed before the body ended. */
-  abort(): void {
-    if (!this.settled) this.fail(new ConnectError("the client closed the stream before sending its request", Code.Canceled));
+    else this.succeed(this.received);
   }
 
   /**
@@ -429,17 +414,6 @@ class InputReader implements BodyReader {
     else this.received = message;
   }
 
-  /** Stops reading: what is left of the body is cut once the answer is out. */
-  private fail(error: ConnectError): void {
-    this.settle();
-    this.stream.pause();
-    this.reject(error);
-  }
-
-  private settle(): void {
-    this.settled = true;
-    stopReading(this.stream);
-  }
 }
 
 function writeHeader(target: Buffer, length: number): void {
