@@ -73,7 +73,10 @@ export const hostConfigSchema = z.strictObject({
     .prefault({}),
   connections: z
     .strictObject({
-      /** An HTTP/2 session with no open stream for this long is closed (GOAWAY); 0 turns it off. */
+      /**
+       * An HTTP/2 session with no open stream (GOAWAY), or an HTTP/1.1
+       * connection with no request, is closed after this long; 0 turns it off.
+       */
       idleTimeoutMs: timerMs.default(300_000),
       /** A session silent for this long gets a PING; 0 turns keepalive off. */
       keepaliveTimeMs: timerMs.default(7_200_000),
@@ -83,10 +86,25 @@ export const hostConfigSchema = z.strictObject({
       minPingIntervalMs: timerMs.default(10_000),
       /** Strikes in a row allowed before GOAWAY ENHANCE_YOUR_CALM (grpc's default: 2). */
       maxPingStrikes: z.number().int().min(0).default(2),
-      /** A connection must finish its TLS handshake and HTTP/2 preface within this; 0 turns it off. */
+      /**
+       * A connection must finish its TLS handshake and HTTP/2 preface (over
+       * HTTP/1.1: each request's headers) within this; 0 turns it off.
+       */
       handshakeTimeoutMs: timerMs.default(10_000),
       /** Open connections at most; a new one over it is closed at once. 0 means no cap. */
       maxConnections: z.number().int().min(0).default(0),
+    })
+    .prefault({}),
+  cors: z
+    .strictObject({
+      /**
+       * Origins browser clients may call from, e.g. "https://app.example.com";
+       * "*" allows any origin. Empty (the default) turns CORS off: no CORS
+       * headers, and preflights are refused.
+       */
+      allowedOrigins: z.array(z.string().min(1)).default([]),
+      /** How long a browser may cache a preflight's answer (Access-Control-Max-Age). */
+      maxAgeSeconds: z.number().int().min(0).max(86_400).default(7200),
     })
     .prefault({}),
   admin: z

@@ -51,7 +51,7 @@ export function guardConnections(
   server: http2.Http2Server | http2.Http2SecureServer,
   limits: ConnectionLimits,
   registry: Registry,
-): void {
+): (reason: CloseReason) => void {
   const count = connectionMetrics(registry);
   if (limits.maxConnections > 0) {
     server.maxConnections = limits.maxConnections;
@@ -61,6 +61,7 @@ export function guardConnections(
     if (err.code === "ERR_TLS_HANDSHAKE_TIMEOUT") count("handshake_timeout");
   });
   server.on("session", (session: http2.ServerHttp2Session) => guardSession(session, limits, count));
+  return count;
 }
 
 function guardSession(session: http2.ServerHttp2Session, limits: ConnectionLimits, count: (reason: CloseReason) => void): void {
@@ -185,14 +186,42 @@ export function adminServerTimeouts(admin: HostConfig["admin"]): {
   keepAliveTimeout: number;
   connectionsCheckingInterval: number;
 } {
-  // Node checks the headers and request timeouts on an interval: a fraction
-  // of the shortest one, so that a limit is enforced close to its value.
-  const limits = [admin.headersTimeoutMs, admin.requestTimeoutMs].filter((ms) => ms > 0);
-  const interval = limits.length === 0 ? 30_000 : Math.max(10, Math.min(1000, Math.floor(Math.min(...limits) / 4)));
   return {
     headersTimeout: admin.headersTimeoutMs,
     requestTimeout: admin.requestTimeoutMs,
     keepAliveTimeout: admin.keepAliveTimeoutMs,
-    connectionsCheckingInterval: interval,
+    connectionsCheckingInterval: checkingInterval(admin.headersTimeoutMs, admin.requestTimeoutMs),
   };
+}
+
+/**
+ * Options of the HTTP/1.1 server behind the cleartext gRPC port, from the
+ * same connection limits as HTTP/2: each request's headers must arrive
+ * within `handshakeTimeoutMs`, and a keep-alive connection with no request
+ * is closed after `idleTimeoutMs`. A whole request has no time limit, as an
+ * HTTP/2 stream has none: a server stream (Connect, gRPC-Web) may run for
+ * hours; the client's deadline bounds a call.
+ */
+export function http1ServerTimeouts(limits: ConnectionLimits): {
+  headersTimeout: number;
+  requestTimeout: number;
+  keepAliveTimeout: number;
+  connectionsCheckingInterval: number;
+} {
+  return {
+    headersTimeout: limits.handshakeTimeoutMs,
+    requestTimeout: 0,
+    keepAliveTimeout: limits.idleTimeoutMs,
+    connectionsCheckingInterval: checkingInterval(limits.handshakeTimeoutMs),
+  };
+}
+
+/**
+ * Node checks an HTTP/1.1 server's headers and request timeouts on an
+ * interval: a fraction of the shortest one set, so that a limit is
+ * enforced close to its value.
+ */
+function checkingInterval(...timeoutsMs: number[]): number {
+  const set = timeoutsMs.filter((ms) => ms > 0);
+  return set.length === 0 ? 30_000 : Math.max(10, Math.min(1000, Math.floor(Math.min(...set) / 4)));
 }

@@ -1,5 +1,6 @@
 import { setMaxListeners } from "node:events";
 import { readFileSync } from "node:fs";
+import { createServer as createHttp1Server } from "node:http";
 import type { Server as HttpServer, IncomingMessage, ServerResponse } from "node:http";
 import * as http2 from "node:http2";
 import type { AddressInfo, Socket } from "node:net";
@@ -9,7 +10,10 @@ import { Code, ConnectError, createContextValues } from "@connectrpc/connect";
 import { connectNodeAdapter } from "@connectrpc/connect-node";
 import type { Logger } from "pino";
 import { createAdminServer } from "./admin-http.js";
-import { adminServerTimeouts, guardConnections } from "./connections.js";
+import { splitCleartextProtocols } from "./cleartext-http1.js";
+import { adminServerTimeouts, guardConnections, http1ServerTimeouts } from "./connections.js";
+import { CorsPolicy } from "./cors.js";
+import { HttpRequestMetrics, HttpRouteTable } from "./http-routes.js";
 import { AdminService, adminService } from "./admin-service.js";
 import { bearerAuthInterceptor } from "./auth.js";
 import type { MmgateConfig } from "./config.js";
@@ -175,18 +179,22 @@ function releaseUnreadRequest(req: NodeReq, res: NodeRes): void {
 
 /**
  * Puts the lean path in front of the HTTP/2 compatibility layer: every new
- * stream is offered to it first, and what it declines goes on to the
- * compatibility layer's listener (and so to connect) unchanged. Returns
- * false, changing nothing, when that listener is not where this Node.js
- * version keeps it.
+ * stream is offered to it first (unless `passOn` says it must go to the
+ * compatibility layer), and what it declines goes on to the compatibility
+ * layer's listener (and so to connect) unchanged. Returns false, changing
+ * nothing, when that listener is not where this Node.js version keeps it.
  */
-function routeStreams(server: http2.Http2Server | http2.Http2SecureServer, fastPath: FastPath): boolean {
+function routeStreams(
+  server: http2.Http2Server | http2.Http2SecureServer,
+  fastPath: FastPath,
+  passOn: (headers: http2.IncomingHttpHeaders) => boolean,
+): boolean {
   const listeners = server.listeners("stream");
   const compat = listeners[0];
   if (listeners.length !== 1 || typeof compat !== "function") return false;
   server.removeListener("stream", compat as (...args: unknown[]) => void);
   server.on("stream", (stream: http2.ServerHttp2Stream, headers: http2.IncomingHttpHeaders, flags: number, rawHeaders: string[]) => {
-    if (!fastPath.serve(stream, headers)) (compat as (...args: unknown[]) => void).call(server, stream, headers, flags, rawHeaders);
+    if (passOn(headers) || !fastPath.serve(stream, headers)) (compat as (...args: unknown[]) => void).call(server, stream, headers, flags, rawHeaders);
   });
   return true;
 }
@@ -194,7 +202,9 @@ function routeStreams(server: http2.Http2Server | http2.Http2SecureServer, fastP
 /**
  * Starts the server: binds the listener, starts the configured modules,
  * registers their services plus health and reflection, and serves gRPC,
- * gRPC-Web and Connect on one HTTP/2 port (h2c, or TLS with HTTP/1.1 too).
+ * gRPC-Web, Connect and the modules' plain HTTP routes on one port: HTTP/2
+ * and HTTP/1.1 both, told apart by the HTTP/2 preface in cleartext and by
+ * ALPN over TLS.
  */
 export async function startHost(options: HostOptions): Promise<Host> {
   const { config, logger } = options;
@@ -233,6 +243,11 @@ export async function startHost(options: HostOptions): Promise<Host> {
         onRequest,
       )
     : http2.createServer({ settings, maxSessionMemory: 64 }, onRequest);
+  // Cleartext HTTP/1.1 (curl, browsers' fetch, Connect and gRPC-Web
+  // clients, the OpenAI SDKs) on the same port: connections that do not
+  // open with the HTTP/2 preface go to this server. Over TLS, ALPN decides
+  // and the HTTP/2 server's own allowHTTP1 serves them.
+  const http1 = tls ? undefined : createHttp1Server(http1ServerTimeouts(config.connections), onRequest);
 
   // Raw sockets too: a connection that never sends the HTTP/2 preface (or
   // never finishes its TLS handshake) has no session, and would otherwise
@@ -257,7 +272,22 @@ export async function startHost(options: HostOptions): Promise<Host> {
     if (drainController.signal.aborted) session.close();
   });
   // Handshake, idle, keepalive and PING limits, and the connection cap.
-  guardConnections(server, config.connections, metrics.registry);
+  const countClosed = guardConnections(server, config.connections, metrics.registry);
+  if (
+    http1 &&
+    !splitCleartextProtocols(server as http2.Http2Server, http1, {
+      decideWithinMs: config.connections.handshakeTimeoutMs,
+      onTimeout: () => countClosed("handshake_timeout"),
+    })
+  ) {
+    logger.warn("this Node.js does not let HTTP/1.1 share the cleartext port: it serves HTTP/2 (h2c) only");
+  }
+  if (http1) {
+    // The HTTP/1.1 server never listens itself (connections are handed to
+    // it), but its header timeout and idle-connection tracking start on
+    // "listening".
+    http1.emit("listening");
+  }
 
   const address = await listen(server, config.listen);
   const advertised = config.advertiseAddress || address;
@@ -300,6 +330,7 @@ export async function startHost(options: HostOptions): Promise<Host> {
     await closeModules();
     destroyConnections();
     await closeServer(server);
+    if (http1) await closeServer(http1);
   };
   let bindings: ServiceBinding[];
   try {
@@ -397,10 +428,37 @@ export async function startHost(options: HostOptions): Promise<Host> {
       unknownMethod(req, res as unknown as NodeRes);
     },
   });
+  const cors = new CorsPolicy(config.cors);
+  const httpMetrics = new HttpRequestMetrics(metrics.registry);
+  const httpRoutes = new HttpRouteTable({
+    routes: built.filter((b) => b.served).flatMap((b) => [...(b.instance.httpRoutes ?? [])]),
+    logger,
+    metrics: httpMetrics,
+    draining: () => drainController.signal.aborted,
+    shutdownSignal: abortController.signal,
+    readMaxBytes: config.limits.maxReceiveMessageBytes,
+  });
   handle = (req, res) => {
-    // HTTP/1.1 (TLS only) keeps connections alive; while draining, ask the client to close.
-    if (drainController.signal.aborted && req.httpVersionMajor === 1) res.setHeader("connection", "close");
+    if (req.method === "OPTIONS") {
+      // A CORS preflight (or any OPTIONS) is answered here: it is not an RPC.
+      const answer = cors.preflight(req.headers);
+      req.resume();
+      res.writeHead(answer.status, answer.headers).end();
+      httpMetrics.record("cors.preflight", answer.status, 0);
+      logger.debug({ origin: req.headers["origin"], path: req.url?.slice(0, 200), outcome: answer.outcome }, "cors preflight");
+      return;
+    }
+    cors.decorate(req.headers, res);
+    if (req.httpVersionMajor === 1) {
+      // HTTP/1.1 keeps connections alive; while draining, ask the client to
+      // close, and close what went idle once its response is out.
+      if (drainController.signal.aborted) res.setHeader("connection", "close");
+      res.once("finish", () => {
+        if (drainController.signal.aborted) setImmediate(() => http1?.closeIdleConnections());
+      });
+    }
     releaseUnreadRequest(req, res);
+    if (httpRoutes.serve(req, res)) return;
     observer.begin(req, res);
     adapter(req, res);
   };
@@ -418,7 +476,9 @@ export async function startHost(options: HostOptions): Promise<Host> {
       declineCompressible: compressMinBytes > 0,
     });
     for (const s of served) fastPath.addService(s.service, s.implementation);
-    if (!routeStreams(server, fastPath)) logger.warn("this Node.js does not let the lean request path take HTTP/2 streams: every call goes through connect");
+    // A browser's call gets its CORS headers from the compatibility layer.
+    const passOn = cors.enabled ? (headers: http2.IncomingHttpHeaders) => headers["origin"] !== undefined : () => false;
+    if (!routeStreams(server, fastPath, passOn)) logger.warn("this Node.js does not let the lean request path take HTTP/2 streams: every call goes through connect");
   }
   liveRoutes = registerRoutes;
   liveInterceptors = interceptors;
@@ -444,6 +504,9 @@ export async function startHost(options: HostOptions): Promise<Host> {
       address,
       adminAddress: adminAddress || undefined,
       tls,
+      protocols: tls ? "h2, http/1.1 (ALPN)" : "h2c, http/1.1",
+      httpRoutes: httpRoutes.size > 0 ? httpRoutes.paths : undefined,
+      cors: cors.enabled ? config.cors.allowedOrigins : undefined,
       modules: plan.map((p) => (p.served ? p.module.name : `${p.module.name} (dependency, not served)`)),
       notReady: Object.fromEntries(readiness.pending()),
       version: options.version,
@@ -464,6 +527,8 @@ export async function startHost(options: HostOptions): Promise<Host> {
     health.drain();
     drainController.abort();
     const listenerClosed = closeServer(server);
+    // Idle HTTP/1.1 connections would hold the listener open until their keep-alive ends.
+    http1?.closeIdleConnections();
     // GOAWAY: clients open no new streams here; open ones may finish.
     for (const session of sessions) session.close();
     // Modules drain alongside the listener (revoke leases, end subscribers
@@ -487,6 +552,8 @@ export async function startHost(options: HostOptions): Promise<Host> {
       destroyConnections();
       await listenerClosed;
     }
+    // Stops the HTTP/1.1 server's timeout checks (it never listened itself).
+    if (http1) await closeServer(http1);
     await stopTasks(TASK_STOP_MS);
     await closeModules();
     if (admin) {

@@ -5,6 +5,10 @@ export { ConfigError, loadConfig, parseScalar, resolveConfig, redactedConfig, ho
 export type {
   DepsOf,
   ErrorMapper,
+  HttpRoute,
+  HttpRouteContext,
+  HttpRouteRequest,
+  HttpRouteResponse,
   LocalRoutes,
   ModuleContext,
   ModuleHealth,

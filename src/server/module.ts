@@ -1,3 +1,5 @@
+import type { IncomingMessage, ServerResponse } from "node:http";
+import type { Http2ServerRequest, Http2ServerResponse } from "node:http2";
 import type { DescService } from "@bufbuild/protobuf";
 import type { ConnectError, ConnectRouter, Interceptor, ServiceImpl } from "@connectrpc/connect";
 import type { Logger } from "pino";
@@ -86,9 +88,40 @@ export interface LocalRoutes {
   readonly writeMaxBytes: number;
 }
 
+/** A request an `HttpRoute` serves: HTTP/1.1 or HTTP/2, as Node hands it over. */
+export type HttpRouteRequest = IncomingMessage | Http2ServerRequest;
+export type HttpRouteResponse = ServerResponse | Http2ServerResponse;
+
+/** What the host hands an `HttpRoute` with each request. */
+export interface HttpRouteContext {
+  /** Fires when the client goes away before the response ended, or when the server's grace is over. */
+  readonly signal: AbortSignal;
+  /** Largest request body the route may read (`limits.maxReceiveMessageBytes`). */
+  readonly readMaxBytes: number;
+  readonly logger: Logger;
+}
+
+/**
+ * A plain HTTP endpoint a module serves on the gRPC port, next to the RPCs
+ * (an OpenAI-shaped API, say). The host matches method and exact path,
+ * logs each request as `http request finished` with the route's name,
+ * counts it in `mmgate_http_requests_total`, answers 503 while draining and
+ * 500 when the handler throws before answering; the handler does the rest.
+ */
+export interface HttpRoute {
+  readonly method: "GET" | "POST";
+  /** Exact path, e.g. "/v1/images/generations"; the query string is ignored. */
+  readonly path: string;
+  /** Name in logs and metrics, e.g. "openai.images.generations". */
+  readonly name: string;
+  handle(req: HttpRouteRequest, res: HttpRouteResponse, ctx: HttpRouteContext): Promise<void>;
+}
+
 /** A built module: its services, what it exports to others, and its lifecycle hooks. */
 export interface ModuleInstance<E = unknown> {
   readonly services: readonly ServiceBinding[];
+  /** Plain HTTP endpoints served on the gRPC port (only when the module is served). */
+  readonly httpRoutes?: readonly HttpRoute[];
   /** Handed to modules that `require` this one, as `ctx.deps.<key>`. */
   readonly exports?: E;
   /** After every module is built and the routes are live: register, open watches. */

@@ -171,17 +171,19 @@ describe("graceful shutdown: the drain", function () {
     expect(messagesOf(lines)).to.include("grace period over: cancelling the calls still running");
   });
 
-  it("closes connections that never spoke HTTP/2 once the grace is over", async () => {
+  it("closes connections that never finished a request once the grace is over", async () => {
     server = await startServer({ config: { shutdown: { graceMs: 300 } } });
     const { host, port } = splitHostPort(server.addr);
-    // An idle TCP connection, and one that sent half a preface.
+    // An idle TCP connection, one that sent half an HTTP/2 preface, and one half an HTTP/1.1 request.
     const idle = connect(port, host);
     const half = connect(port, host, () => half.write("PRI * HTTP/2.0\r\n"));
-    const closed = Promise.all([idle, half].map((socket) => new Promise<void>((r) => socket.once("close", () => r()))));
-    // The server's SETTINGS frame: it holds the connection.
-    const accepted = Promise.all([idle, half].map((socket) => new Promise<void>((r) => socket.once("data", () => r()))));
-    for (const socket of [idle, half]) socket.on("error", () => undefined);
-    await accepted;
+    const halfHttp1 = connect(port, host, () => halfHttp1.write("POST /grpc.health.v1.Health/Check HTTP/1.1\r\nHost: x\r\n"));
+    const sockets = [idle, half, halfHttp1];
+    const closed = Promise.all(sockets.map((socket) => new Promise<void>((r) => socket.once("close", () => r()))));
+    for (const socket of sockets) socket.on("error", () => undefined);
+    await Promise.all(sockets.map((socket) => new Promise<void>((r) => (socket.connecting ? socket.once("connect", () => r()) : r()))));
+    // Let the server take the connections and their bytes (no answer comes before a whole request).
+    await new Promise((r) => setTimeout(r, 100));
     // Without closing them the listener never finishes closing and shutdown never ends.
     await server.host.shutdown();
     await closed;

@@ -1,0 +1,93 @@
+import { cors as connectCors } from "@connectrpc/connect";
+import type { HostConfig } from "./config.js";
+
+type Headers = Record<string, string | string[] | undefined>;
+interface HeaderSink {
+  setHeader(name: string, value: string): unknown;
+}
+
+/**
+ * Headers browsers may send beyond connect's list: the bearer token, the
+ * idempotency key and a request id, which mmgate's own methods read.
+ */
+const EXTRA_ALLOWED_HEADERS = ["Authorization", "Idempotency-Key", "X-Request-Id"];
+/** Headers scripts may read beyond connect's list: the request id the server answers with. */
+const EXTRA_EXPOSED_HEADERS = ["X-Request-Id"];
+
+/** The answer to a preflight: its status and headers, never an RPC. */
+export interface PreflightAnswer {
+  readonly status: 204 | 403 | 405;
+  readonly headers: Record<string, string>;
+  /** `allowed`, `origin_not_allowed` or `cors_disabled`: the `code` label of its metric. */
+  readonly outcome: "allowed" | "origin_not_allowed" | "cors_disabled";
+}
+
+/**
+ * Opt-in CORS for browser clients of Connect and gRPC-Web (and the plain
+ * HTTP routes): allowed origins come from `cors.allowedOrigins`; the methods
+ * and headers allowed and exposed are connect's own lists plus the headers
+ * mmgate reads. Responses echo the caller's origin (with `Vary: Origin`)
+ * rather than `*`, so one answer is right whether "*" or a list is set.
+ */
+export class CorsPolicy {
+  private readonly any: boolean;
+  private readonly origins: ReadonlySet<string>;
+  private readonly allowHeaders: string;
+  private readonly exposeHeaders: string;
+  private readonly allowMethods: string;
+  private readonly maxAge: string;
+
+  constructor(config: HostConfig["cors"]) {
+    this.any = config.allowedOrigins.includes("*");
+    // Origins compare without a trailing slash and case-insensitively in scheme and host.
+    this.origins = new Set(config.allowedOrigins.map(normalizeOrigin));
+    this.allowHeaders = [...connectCors.allowedHeaders, ...EXTRA_ALLOWED_HEADERS].join(", ");
+    this.exposeHeaders = [...connectCors.exposedHeaders, ...EXTRA_EXPOSED_HEADERS].join(", ");
+    this.allowMethods = connectCors.allowedMethods.join(", ");
+    this.maxAge = String(config.maxAgeSeconds);
+  }
+
+  /** Whether CORS is on at all (some origin is allowed). */
+  get enabled(): boolean {
+    return this.origins.size > 0;
+  }
+
+  /** The request's Origin when it is one CORS lets through, else undefined. */
+  allowedOrigin(headers: Headers): string | undefined {
+    const origin = headers["origin"];
+    if (typeof origin !== "string" || !this.enabled) return undefined;
+    return this.any || this.origins.has(normalizeOrigin(origin)) ? origin : undefined;
+  }
+
+  /** Adds the CORS headers of an actual (not preflight) request from an allowed origin. */
+  decorate(headers: Headers, res: HeaderSink): void {
+    const origin = this.allowedOrigin(headers);
+    if (origin === undefined) return;
+    res.setHeader("access-control-allow-origin", origin);
+    res.setHeader("access-control-expose-headers", this.exposeHeaders);
+    res.setHeader("vary", "Origin");
+  }
+
+  /** The answer to an OPTIONS request. */
+  preflight(headers: Headers): PreflightAnswer {
+    if (!this.enabled) return { status: 405, headers: { allow: "POST, GET" }, outcome: "cors_disabled" };
+    const origin = this.allowedOrigin(headers);
+    if (origin === undefined) return { status: 403, headers: { vary: "Origin" }, outcome: "origin_not_allowed" };
+    return {
+      status: 204,
+      headers: {
+        "access-control-allow-origin": origin,
+        "access-control-allow-methods": this.allowMethods,
+        "access-control-allow-headers": this.allowHeaders,
+        "access-control-max-age": this.maxAge,
+        vary: "Origin, Access-Control-Request-Method, Access-Control-Request-Headers",
+      },
+      outcome: "allowed",
+    };
+  }
+}
+
+function normalizeOrigin(origin: string): string {
+  if (origin === "*") return origin;
+  return origin.replace(/\/+$/, "").toLowerCase();
+}

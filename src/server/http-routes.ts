@@ -1,0 +1,145 @@
+import type { IncomingMessage, ServerResponse } from "node:http";
+import type { Http2ServerRequest, Http2ServerResponse } from "node:http2";
+import type { Logger } from "pino";
+import { Counter, Histogram } from "prom-client";
+import type { Registry } from "prom-client";
+import type { HttpRoute } from "./module.js";
+import { peerOf } from "./rpc-observer.js";
+
+type NodeReq = Http2ServerRequest | IncomingMessage;
+type NodeRes = Http2ServerResponse | ServerResponse;
+
+/** The error body plain HTTP answers of the host use (the shape OpenAI's API has). */
+export function httpErrorBody(message: string, type: string, code: string | null = null): string {
+  return JSON.stringify({ error: { message, type, param: null, code } });
+}
+
+/** Counts and times the plain HTTP requests of the gRPC port: routes and preflights. */
+export class HttpRequestMetrics {
+  private readonly requests: Counter<"route" | "status">;
+  private readonly duration: Histogram<"route">;
+
+  constructor(registry: Registry) {
+    this.requests = new Counter({
+      name: "mmgate_http_requests_total",
+      help: "Plain HTTP requests on the gRPC port (module routes, CORS preflights), by route and HTTP status.",
+      labelNames: ["route", "status"],
+      registers: [registry],
+    });
+    this.duration = new Histogram({
+      name: "mmgate_http_request_duration_seconds",
+      help: "Time from a plain HTTP request's arrival to the end of its response, by route.",
+      labelNames: ["route"],
+      buckets: [0.005, 0.025, 0.1, 0.5, 1, 2.5, 10, 30, 60, 120, 300],
+      registers: [registry],
+    });
+  }
+
+  record(route: string, status: number, seconds: number): void {
+    this.requests.labels(route, String(status)).inc();
+    this.duration.labels(route).observe(seconds);
+  }
+}
+
+export interface HttpRouteTableOptions {
+  readonly routes: readonly HttpRoute[];
+  readonly logger: Logger;
+  readonly metrics: HttpRequestMetrics;
+  readonly draining: () => boolean;
+  /** Fires when the server's grace is over: every route's signal fires with it. */
+  readonly shutdownSignal: AbortSignal;
+  readonly readMaxBytes: number;
+}
+
+/**
+ * The modules' plain HTTP routes, matched on method and exact path. Each
+ * request is logged once (`http request finished`) and counted, whether the
+ * handler answered, threw, or the client went away.
+ */
+export class HttpRouteTable {
+  private readonly byPath = new Map<string, HttpRoute[]>();
+
+  constructor(private readonly options: HttpRouteTableOptions) {
+    for (const route of options.routes) {
+      const list = this.byPath.get(route.path) ?? [];
+      if (list.some((r) => r.method === route.method)) throw new Error(`HTTP route ${route.method} ${route.path} is registered twice`);
+      list.push(route);
+      this.byPath.set(route.path, list);
+    }
+  }
+
+  get size(): number {
+    return this.byPath.size;
+  }
+
+  /** "METHOD /path" of every route, for the start-up log. */
+  get paths(): string[] {
+    return [...this.byPath.values()].flat().map((r) => `${r.method} ${r.path}`);
+  }
+
+  /** Serves the request when its path is a route's and returns true; false leaves it to the RPC router. */
+  serve(req: NodeReq, res: NodeRes): boolean {
+    const path = (req.url ?? "").split("?", 1)[0] ?? "";
+    const candidates = this.byPath.get(path);
+    if (candidates === undefined) return false;
+    const route = candidates.find((r) => r.method === req.method);
+    const name = route?.name ?? candidates[0]!.name;
+    const started = performance.now();
+    res.once("close", () => {
+      const seconds = (performance.now() - started) / 1000;
+      // A response cut before it ended is logged with the status it had begun, or 499 (client closed).
+      const status = res.writableFinished || res.headersSent ? res.statusCode : 499;
+      this.options.metrics.record(name, status, seconds);
+      this.options.logger.info(
+        {
+          route: name,
+          method: req.method,
+          status,
+          durationMs: Math.round(seconds * 1e6) / 1e3,
+          protocol: `http/${req.httpVersion}`,
+          peer: peerOf(req.socket),
+          complete: res.writableFinished,
+        },
+        "http request finished",
+      );
+    });
+    if (route === undefined) {
+      const allow = candidates.map((r) => r.method).join(", ");
+      answer(res, 405, httpErrorBody(`${path} takes ${allow}, not ${String(req.method)}`, "invalid_request_error", "method_not_allowed"), { allow });
+      req.resume();
+      return true;
+    }
+    if (this.options.draining()) {
+      answer(res, 503, httpErrorBody("the server is shutting down; retry on another instance", "server_error", "unavailable"), {
+        "retry-after": "1",
+      });
+      req.resume();
+      return true;
+    }
+    const clientGone = new AbortController();
+    res.once("close", () => {
+      if (!res.writableFinished) clientGone.abort(new Error("the client closed the connection"));
+    });
+    const signal = AbortSignal.any([clientGone.signal, this.options.shutdownSignal]);
+    const logger = this.options.logger.child({ route: name });
+    route.handle(req, res, { signal, readMaxBytes: this.options.readMaxBytes, logger }).catch((err: unknown) => {
+      logger.error({ err }, "http route failed");
+      if (!res.headersSent && !res.destroyed) {
+        answer(res, 500, httpErrorBody("internal error", "server_error", "internal"));
+      } else if (!res.writableEnded) {
+        // Part of the answer is out: cut it, so the client cannot take it for whole.
+        res.destroy();
+      }
+    });
+    return true;
+  }
+}
+
+function answer(res: NodeRes, status: number, body: string, headers: Record<string, string> = {}): void {
+  if (res.headersSent || res.destroyed) return;
+  try {
+    (res as ServerResponse).writeHead(status, { "content-type": "application/json", ...headers }).end(body);
+  } catch {
+    // The client went away between the check and the write: nothing to answer.
+  }
+}
