@@ -12,6 +12,7 @@ import type { ImageRuntime } from "./runtime/runtime.js";
 import { publishProviderHealth } from "./provider-health.js";
 import { imageService, type ImageServiceOptions } from "./service.js";
 import { IdempotencyStore } from "./runtime/idempotency.js";
+import { openAiImageApi } from "./openai-api/index.js";
 
 /** The service's idempotency store, when images.idempotency.enabled. */
 function serviceOptions(config: ImagesConfig): ImageServiceOptions {
@@ -63,6 +64,8 @@ function createImagesInstance(
   return {
     runtime,
     services: [bindService(ImageService, imageService(runtime, ctx.drainSignal, serviceOptions(ctx.config)))],
+    // OpenAI's image endpoints, each request one ImageService call in process.
+    httpRoutes: openAiImageApi({ localRoutes: ctx.localRoutes, metrics: ctx.metrics, maxInputFiles: ctx.config.limits.maxInputs }),
     drain: (signal) => stop(signal),
     close: () => stop(),
   };
