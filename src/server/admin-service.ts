@@ -12,6 +12,8 @@ export interface AdminState {
   startedAt: number;
   config: MmgateConfig;
   health: HealthRegistry;
+  /** Starts the host's graceful shutdown (as SIGTERM does); called after the Drain answer is out. */
+  drain: () => void;
 }
 
 /** JSON-safe copy: bigint becomes a decimal string, undefined is dropped. */
@@ -47,6 +49,13 @@ export function adminService(state: AdminState): Partial<ServiceImpl<typeof Admi
       }
       state.health.setOperatorServing(req.service, req.serving);
       return { status: state.health.get(req.service) ?? ServingStatus.UNKNOWN };
+    },
+    drain() {
+      const alreadyDraining = state.health.isDraining;
+      // The answer goes out first: the drain closes connections to new
+      // streams, and this call is already one of the streams in flight.
+      if (!alreadyDraining) setImmediate(state.drain);
+      return { graceMs: state.config.shutdown.graceMs, alreadyDraining };
     },
   };
 }

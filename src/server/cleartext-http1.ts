@@ -12,6 +12,16 @@ export interface ProtocolSplitOptions {
   readonly onTimeout: () => void;
 }
 
+/** What `splitCleartextProtocols` hands back. */
+export interface ProtocolSplit {
+  /**
+   * Destroys the connections that have not shown their protocol yet: they
+   * hold no request, and would keep the listener from closing until
+   * `decideWithinMs` (a client pool's spare connection, say).
+   */
+  destroyUndecided(): void;
+}
+
 /**
  * Serves HTTP/1.1 and HTTP/2 with prior knowledge (h2c) on one cleartext
  * listener. The HTTP/2 server stays the listener; its own connection
@@ -20,18 +30,19 @@ export interface ProtocolSplitOptions {
  * decide are put back (`unshift`) first; Node's HTTP/2 session and HTTP/1.1
  * parser both take data already buffered on the socket before reading on.
  *
- * Returns false, changing nothing, when the HTTP/2 server's connection
+ * Returns undefined, changing nothing, when the HTTP/2 server's connection
  * handler is not where this Node.js version keeps it.
  */
 export function splitCleartextProtocols(
   server: http2.Http2Server,
   http1: HttpServer,
   options: ProtocolSplitOptions,
-): boolean {
+): ProtocolSplit | undefined {
   const listeners = server.listeners("connection");
   // Node registers its handler in the constructor, before any of ours.
   const http2Handler = listeners[0];
-  if (typeof http2Handler !== "function") return false;
+  if (typeof http2Handler !== "function") return undefined;
+  const undecided = new Set<Socket>();
   server.removeListener("connection", http2Handler as (...args: unknown[]) => void);
   server.prependListener("connection", (socket: Socket) => {
     const chunks: Buffer[] = [];
@@ -40,6 +51,8 @@ export function splitCleartextProtocols(
     // The socket may fail (a reset) before it showed anything; that is the end of it.
     const onError = () => finish();
     const finish = () => {
+      undecided.delete(socket);
+      socket.removeListener("close", finish);
       socket.removeListener("readable", onReadable);
       socket.removeListener("error", onError);
       socket.removeListener("end", onEnd);
@@ -67,6 +80,8 @@ export function splitCleartextProtocols(
     };
     // A client that half-closes before the preface is done: HTTP/1.1 answers it (400) or closes.
     const onEnd = () => handOver(false);
+    undecided.add(socket);
+    socket.once("close", finish);
     socket.on("readable", onReadable);
     socket.on("error", onError);
     socket.once("end", onEnd);
@@ -79,5 +94,9 @@ export function splitCleartextProtocols(
       timer.unref();
     }
   });
-  return true;
+  return {
+    destroyUndecided() {
+      for (const socket of undecided) socket.destroy();
+    },
+  };
 }

@@ -273,15 +273,13 @@ export async function startHost(options: HostOptions): Promise<Host> {
   });
   // Handshake, idle, keepalive and PING limits, and the connection cap.
   const countClosed = guardConnections(server, config.connections, metrics.registry);
-  if (
-    http1 &&
-    !splitCleartextProtocols(server as http2.Http2Server, http1, {
-      decideWithinMs: config.connections.handshakeTimeoutMs,
-      onTimeout: () => countClosed("handshake_timeout"),
-    })
-  ) {
-    logger.warn("this Node.js does not let HTTP/1.1 share the cleartext port: it serves HTTP/2 (h2c) only");
-  }
+  const protocolSplit = http1
+    ? splitCleartextProtocols(server as http2.Http2Server, http1, {
+        decideWithinMs: config.connections.handshakeTimeoutMs,
+        onTimeout: () => countClosed("handshake_timeout"),
+      })
+    : undefined;
+  if (http1 && !protocolSplit) logger.warn("this Node.js does not let HTTP/1.1 share the cleartext port: it serves HTTP/2 (h2c) only");
   if (http1) {
     // The HTTP/1.1 server never listens itself (connections are handed to
     // it), but its header timeout and idle-connection tracking start on
@@ -395,7 +393,19 @@ export async function startHost(options: HostOptions): Promise<Host> {
   const served: { service: DescService; implementation: object }[] = [
     ...bindings,
     { service: Health, implementation: healthService(health, drainController.signal) },
-    { service: AdminService, implementation: adminService({ version: options.version, startedAt, config, health }) },
+    {
+      service: AdminService,
+      implementation: adminService({
+        version: options.version,
+        startedAt,
+        config,
+        health,
+        drain: () => {
+          logger.info({ reason: "AdminService.Drain" }, "shutdown requested");
+          void shutdownOnce();
+        },
+      }),
+    },
   ];
   const registerRoutes = (router: ConnectRouter) => {
     for (const s of served) router.service(s.service, s.implementation);
@@ -527,8 +537,10 @@ export async function startHost(options: HostOptions): Promise<Host> {
     health.drain();
     drainController.abort();
     const listenerClosed = closeServer(server);
-    // Idle HTTP/1.1 connections would hold the listener open until their keep-alive ends.
+    // Idle HTTP/1.1 connections, and connections that have not sent a
+    // byte, would hold the listener open until their timeouts.
     http1?.closeIdleConnections();
+    protocolSplit?.destroyUndecided();
     // GOAWAY: clients open no new streams here; open ones may finish.
     for (const session of sessions) session.close();
     // Modules drain alongside the listener (revoke leases, end subscribers
@@ -573,9 +585,12 @@ export async function startHost(options: HostOptions): Promise<Host> {
     startedAt,
     config,
     closed,
-    shutdown() {
-      shutdownPromise ??= shutdown();
-      return shutdownPromise;
-    },
+    shutdown: shutdownOnce,
   };
+
+  /** Hoisted: AdminService.Drain starts the same shutdown. */
+  function shutdownOnce(): Promise<void> {
+    shutdownPromise ??= shutdown();
+    return shutdownPromise;
+  }
 }

@@ -341,6 +341,22 @@ describe("HTTP/1.1 limits and drain on the cleartext port", () => {
   });
 });
 
+describe("draining with connections that never sent a byte", () => {
+  it("closes them at once instead of waiting for the grace (no handshake timeout set)", async () => {
+    const server = await startServer({ config: { shutdown: { graceMs: 60_000 }, connections: { handshakeTimeoutMs: 0 } } });
+    const { host, port } = splitHostPort(server.addr);
+    const silent = connect(port, host);
+    silent.on("error", () => undefined);
+    const closed = new Promise<void>((r) => silent.once("close", () => r()));
+    await new Promise<void>((r) => silent.once("connect", () => r()));
+    // Let the server take the connection (it answers nothing before the first bytes).
+    await new Promise((r) => setTimeout(r, 100));
+    // Would wait the minute of grace (the test's own timeout ends it sooner) if the silent connection held the listener.
+    await server.close();
+    await closed;
+  });
+});
+
 describe("CORS on the gRPC port", () => {
   let server: InProcessServer | undefined;
   afterEach(async () => {

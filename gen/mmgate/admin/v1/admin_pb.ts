@@ -14,7 +14,7 @@ import type { JsonObject, Message } from "@bufbuild/protobuf";
  * Describes the file mmgate/admin/v1/admin.proto.
  */
 export const file_mmgate_admin_v1_admin: GenFile = /*@__PURE__*/
-  fileDesc("ChttbWdhdGUvYWRtaW4vdjEvYWRtaW4ucHJvdG8SD21tZ2F0ZS5hZG1pbi52MSISChBHZXRTdGF0dXNSZXF1ZXN0IoABChFHZXRTdGF0dXNSZXNwb25zZRIPCgd2ZXJzaW9uGAEgASgJEhYKDnVwdGltZV9zZWNvbmRzGAIgASgBEhAKCGRyYWluaW5nGAMgASgIEjAKCHNlcnZpY2VzGAQgAygLMh4ubW1nYXRlLmFkbWluLnYxLlNlcnZpY2VTdGF0dXMiYAoNU2VydmljZVN0YXR1cxIMCgRuYW1lGAEgASgJEkEKBnN0YXR1cxgCIAEoDjIxLmdycGMuaGVhbHRoLnYxLkhlYWx0aENoZWNrUmVzcG9uc2UuU2VydmluZ1N0YXR1cyISChBHZXRDb25maWdSZXF1ZXN0IjwKEUdldENvbmZpZ1Jlc3BvbnNlEicKBmNvbmZpZxgBIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QiOwoXU2V0U2VydmluZ1N0YXR1c1JlcXVlc3QSDwoHc2VydmljZRgBIAEoCRIPCgdzZXJ2aW5nGAIgASgIIl0KGFNldFNlcnZpbmdTdGF0dXNSZXNwb25zZRJBCgZzdGF0dXMYASABKA4yMS5ncnBjLmhlYWx0aC52MS5IZWFsdGhDaGVja1Jlc3BvbnNlLlNlcnZpbmdTdGF0dXMysQIKDEFkbWluU2VydmljZRJYCglHZXRTdGF0dXMSIS5tbWdhdGUuYWRtaW4udjEuR2V0U3RhdHVzUmVxdWVzdBoiLm1tZ2F0ZS5hZG1pbi52MS5HZXRTdGF0dXNSZXNwb25zZSIEyPMYARJYCglHZXRDb25maWcSIS5tbWdhdGUuYWRtaW4udjEuR2V0Q29uZmlnUmVxdWVzdBoiLm1tZ2F0ZS5hZG1pbi52MS5HZXRDb25maWdSZXNwb25zZSIEyPMYAxJtChBTZXRTZXJ2aW5nU3RhdHVzEigubW1nYXRlLmFkbWluLnYxLlNldFNlcnZpbmdTdGF0dXNSZXF1ZXN0GikubW1nYXRlLmFkbWluLnYxLlNldFNlcnZpbmdTdGF0dXNSZXNwb25zZSIEyPMYAmIGcHJvdG8z", [file_google_protobuf_struct, file_grpc_health_v1_health, file_mmgate_options_v1_options]);
+  fileDesc("ChttbWdhdGUvYWRtaW4vdjEvYWRtaW4ucHJvdG8SD21tZ2F0ZS5hZG1pbi52MSISChBHZXRTdGF0dXNSZXF1ZXN0IoABChFHZXRTdGF0dXNSZXNwb25zZRIPCgd2ZXJzaW9uGAEgASgJEhYKDnVwdGltZV9zZWNvbmRzGAIgASgBEhAKCGRyYWluaW5nGAMgASgIEjAKCHNlcnZpY2VzGAQgAygLMh4ubW1nYXRlLmFkbWluLnYxLlNlcnZpY2VTdGF0dXMiYAoNU2VydmljZVN0YXR1cxIMCgRuYW1lGAEgASgJEkEKBnN0YXR1cxgCIAEoDjIxLmdycGMuaGVhbHRoLnYxLkhlYWx0aENoZWNrUmVzcG9uc2UuU2VydmluZ1N0YXR1cyISChBHZXRDb25maWdSZXF1ZXN0IjwKEUdldENvbmZpZ1Jlc3BvbnNlEicKBmNvbmZpZxgBIAEoCzIXLmdvb2dsZS5wcm90b2J1Zi5TdHJ1Y3QiOwoXU2V0U2VydmluZ1N0YXR1c1JlcXVlc3QSDwoHc2VydmljZRgBIAEoCRIPCgdzZXJ2aW5nGAIgASgIIl0KGFNldFNlcnZpbmdTdGF0dXNSZXNwb25zZRJBCgZzdGF0dXMYASABKA4yMS5ncnBjLmhlYWx0aC52MS5IZWFsdGhDaGVja1Jlc3BvbnNlLlNlcnZpbmdTdGF0dXMiDgoMRHJhaW5SZXF1ZXN0IjsKDURyYWluUmVzcG9uc2USEAoIZ3JhY2VfbXMYASABKA0SGAoQYWxyZWFkeV9kcmFpbmluZxgCIAEoCDL/AgoMQWRtaW5TZXJ2aWNlElgKCUdldFN0YXR1cxIhLm1tZ2F0ZS5hZG1pbi52MS5HZXRTdGF0dXNSZXF1ZXN0GiIubW1nYXRlLmFkbWluLnYxLkdldFN0YXR1c1Jlc3BvbnNlIgTI8xgBElgKCUdldENvbmZpZxIhLm1tZ2F0ZS5hZG1pbi52MS5HZXRDb25maWdSZXF1ZXN0GiIubW1nYXRlLmFkbWluLnYxLkdldENvbmZpZ1Jlc3BvbnNlIgTI8xgDEm0KEFNldFNlcnZpbmdTdGF0dXMSKC5tbWdhdGUuYWRtaW4udjEuU2V0U2VydmluZ1N0YXR1c1JlcXVlc3QaKS5tbWdhdGUuYWRtaW4udjEuU2V0U2VydmluZ1N0YXR1c1Jlc3BvbnNlIgTI8xgCEkwKBURyYWluEh0ubW1nYXRlLmFkbWluLnYxLkRyYWluUmVxdWVzdBoeLm1tZ2F0ZS5hZG1pbi52MS5EcmFpblJlc3BvbnNlIgTI8xgDYgZwcm90bzM", [file_google_protobuf_struct, file_grpc_health_v1_health, file_mmgate_options_v1_options]);
 
 /**
  * @generated from message mmgate.admin.v1.GetStatusRequest
@@ -159,6 +159,45 @@ export const SetServingStatusResponseSchema: GenMessage<SetServingStatusResponse
   messageDesc(file_mmgate_admin_v1_admin, 6);
 
 /**
+ * @generated from message mmgate.admin.v1.DrainRequest
+ */
+export type DrainRequest = Message<"mmgate.admin.v1.DrainRequest"> & {
+};
+
+/**
+ * Describes the message mmgate.admin.v1.DrainRequest.
+ * Use `create(DrainRequestSchema)` to create a new message.
+ */
+export const DrainRequestSchema: GenMessage<DrainRequest> = /*@__PURE__*/
+  messageDesc(file_mmgate_admin_v1_admin, 7);
+
+/**
+ * @generated from message mmgate.admin.v1.DrainResponse
+ */
+export type DrainResponse = Message<"mmgate.admin.v1.DrainResponse"> & {
+  /**
+   * How long calls in flight get to finish (shutdown.grace_ms).
+   *
+   * @generated from field: uint32 grace_ms = 1;
+   */
+  graceMs: number;
+
+  /**
+   * True when a drain had already begun (a signal or an earlier call).
+   *
+   * @generated from field: bool already_draining = 2;
+   */
+  alreadyDraining: boolean;
+};
+
+/**
+ * Describes the message mmgate.admin.v1.DrainResponse.
+ * Use `create(DrainResponseSchema)` to create a new message.
+ */
+export const DrainResponseSchema: GenMessage<DrainResponse> = /*@__PURE__*/
+  messageDesc(file_mmgate_admin_v1_admin, 8);
+
+/**
  * Operator view of one mmgate process.
  *
  * @generated from service mmgate.admin.v1.AdminService
@@ -194,6 +233,20 @@ export const AdminService: GenService<{
     methodKind: "unary";
     input: typeof SetServingStatusRequestSchema;
     output: typeof SetServingStatusResponseSchema;
+  },
+  /**
+   * Starts the graceful shutdown SIGTERM starts: health turns NOT_SERVING,
+   * new calls and connections are refused, calls in flight get
+   * shutdown.grace_ms to finish, then the process exits 0. The answer is
+   * sent before the drain begins; a second call reports the drain already
+   * under way.
+   *
+   * @generated from rpc mmgate.admin.v1.AdminService.Drain
+   */
+  drain: {
+    methodKind: "unary";
+    input: typeof DrainRequestSchema;
+    output: typeof DrainResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_mmgate_admin_v1_admin, 0);
