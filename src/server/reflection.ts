@@ -1,11 +1,14 @@
 import type { DescEnum, DescExtension, DescFile, DescMessage, DescService, MessageInitShape } from "@bufbuild/protobuf";
 import { toBinary } from "@bufbuild/protobuf";
+import type { FileDescriptorProto } from "@bufbuild/protobuf/wkt";
 import { FileDescriptorProtoSchema } from "@bufbuild/protobuf/wkt";
 import type { ConnectRouter } from "@connectrpc/connect";
 import { Code } from "@connectrpc/connect";
 import * as v1 from "../../gen/grpc/reflection/v1/reflection_pb.js";
 import { untilAborted } from "../util/index.js";
 import * as v1alpha from "../../gen/grpc/reflection/v1alpha/reflection_pb.js";
+import type { DescriptorImage } from "./reflection-image.js";
+import { loadDescriptorImage } from "./reflection-image.js";
 
 type Request = v1.ServerReflectionRequest;
 type Response = MessageInitShape<typeof v1.ServerReflectionResponseSchema>;
@@ -13,7 +16,9 @@ type Response = MessageInitShape<typeof v1.ServerReflectionResponseSchema>;
 /**
  * Everything reflection can answer, built once from the descriptors that
  * protoc-gen-es embeds in the generated code: each file reachable from the
- * exposed services, every symbol it defines, and every extension.
+ * exposed services, every symbol it defines, and every extension. A file is
+ * served from the descriptor image (with its comments) when the image has it
+ * and describes the same schema; else as embedded.
  */
 export class DescriptorIndex {
   readonly serviceNames: readonly string[];
@@ -22,6 +27,7 @@ export class DescriptorIndex {
   private readonly symbols = new Map<string, DescFile>();
   private readonly extensions = new Map<string, Map<number, DescFile>>();
   private readonly messageTypes = new Set<string>();
+  private image: DescriptorImage = new Map();
 
   constructor(services: readonly DescService[]) {
     this.serviceNames = [...new Set(services.map((s) => s.typeName))].sort();
@@ -99,11 +105,33 @@ export class DescriptorIndex {
     return out;
   }
 
+  /** Serves files from `image` where it matches the embedded descriptors (see reflection-image.ts). */
+  useImage(image: DescriptorImage): void {
+    this.image = image;
+    this.fileBytes.clear();
+  }
+
   private serialize(file: DescFile): Uint8Array {
     let bytes = this.fileBytes.get(file.proto.name);
-    if (!bytes) this.fileBytes.set(file.proto.name, (bytes = toBinary(FileDescriptorProtoSchema, file.proto)));
+    if (!bytes) this.fileBytes.set(file.proto.name, (bytes = serializeFile(file.proto, this.image.get(file.proto.name))));
     return bytes;
   }
+}
+
+/**
+ * The documented descriptor when, without its comments, it is byte for byte
+ * the embedded one: the stubs are what the server speaks, so an image out of
+ * step with them (proto/ changed, the image not rebuilt) must not describe it.
+ */
+function serializeFile(embedded: FileDescriptorProto, documented: FileDescriptorProto | undefined): Uint8Array {
+  const plain = toBinary(FileDescriptorProtoSchema, embedded);
+  if (!documented?.sourceCodeInfo) return plain;
+  const bare = toBinary(FileDescriptorProtoSchema, { ...documented, sourceCodeInfo: undefined });
+  return bytesEqual(bare, plain) ? toBinary(FileDescriptorProtoSchema, documented) : plain;
+}
+
+function bytesEqual(a: Uint8Array, b: Uint8Array): boolean {
+  return a.length === b.length && a.every((byte, i) => byte === b[i]);
 }
 
 function stripDot(name: string): string {
@@ -174,14 +202,21 @@ export function addReflection(
   drainSignal: AbortSignal = new AbortController().signal,
 ): DescriptorIndex {
   const index = new DescriptorIndex([...services, ...reflectionServices]);
+  // The image is read on the first reflection request, not at start-up.
+  let imageReady: Promise<void> | undefined;
+  const ready = () => (imageReady ??= loadDescriptorImage().then((image) => index.useImage(image)));
   router.service(v1.ServerReflection, {
     async *serverReflectionInfo(requests) {
-      for await (const req of untilAborted(requests, drainSignal)) yield answerReflection(index, req);
+      for await (const req of untilAborted(requests, drainSignal)) {
+        await ready();
+        yield answerReflection(index, req);
+      }
     },
   });
   router.service(v1alpha.ServerReflection, {
     async *serverReflectionInfo(requests) {
       for await (const req of untilAborted(requests, drainSignal)) {
+        await ready();
         // Same field numbers and types: the v1alpha request fits the v1 answerer.
         yield answerReflection(index, req as unknown as Request) as MessageInitShape<
           typeof v1alpha.ServerReflectionResponseSchema
