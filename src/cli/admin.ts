@@ -1,12 +1,9 @@
-/**
- * `mmgate admin`: a client of mmgate.admin.v1.AdminService. The service has
- * no drain RPC (a server drains on SIGTERM), so there is no `admin drain`.
- */
-import { Command } from "commander";
-import { ConnectError, createClient } from "@connectrpc/connect";
+/** `mmgate admin`: a client of mmgate.admin.v1.AdminService. */
+import { Command, InvalidArgumentError } from "commander";
+import { createClient } from "@connectrpc/connect";
 import { AdminService, type GetStatusResponse } from "../../gen/mmgate/admin/v1/admin_pb.js";
 import { HealthCheckResponse_ServingStatus as ServingStatus } from "../../gen/grpc/health/v1/health_pb.js";
-import { clientTransport, tokenOption, withConnectionOptions, type ConnectionOptions } from "../rpc/index.js";
+import { clientTransport, connectionContext, type ConnectionOptions, reportError, tokenOption, withConnectionOptions, withExitCodes } from "../rpc/index.js";
 
 /** Where the admin commands write; the process's streams by default. */
 export interface AdminCliIo {
@@ -14,13 +11,7 @@ export interface AdminCliIo {
   readonly err: { write(text: string): unknown };
 }
 
-type Options = ConnectionOptions & { token?: string; json?: boolean; timeout: number };
-
-const EXIT_CODES = `
-Exit codes:
-  0  the call succeeded
-  1  the call failed (server unreachable, unauthenticated, unknown service,
-     server draining) or the command line is invalid`;
+type Options = ConnectionOptions & { token?: string; json?: boolean };
 
 function statusName(status: ServingStatus): string {
   return ServingStatus[status] ?? String(status);
@@ -47,29 +38,23 @@ function statusText(s: GetStatusResponse): string {
 }
 
 /** Parses the on|off operand of `admin serving`. */
-function parseServing(value: string): boolean | undefined {
+function parseServing(value: string): boolean {
   const v = value.toLowerCase();
   if (v === "on" || v === "true" || v === "serving") return true;
   if (v === "off" || v === "false" || v === "not_serving") return false;
-  return undefined;
+  throw new InvalidArgumentError(`expected on or off, got "${value}"`);
 }
 
-/** `mmgate admin status|config|serving`. */
+/** `mmgate admin status|config|serving|drain`. */
 export function adminCommand(io: AdminCliIo = { out: process.stdout, err: process.stderr }): Command {
   const admin = new Command("admin").description("inspect and steer a running server (mmgate.admin.v1.AdminService)");
   const withOptions = (command: Command) =>
-    withConnectionOptions(command)
-      .addOption(tokenOption())
-      .option("--json", "print one JSON object")
-      .option("--timeout <ms>", "deadline for the call", (v) => Number(v), 10_000)
-      .addHelpText("after", EXIT_CODES);
-  const callOptions = (o: Options) => ({
-    timeoutMs: o.timeout,
-    ...(o.token ? { headers: { authorization: `Bearer ${o.token}` } } : {}),
-  });
-  const failed = (err: unknown) => {
-    io.err.write(`mmgate admin: ${ConnectError.from(err).message}\n`);
-    process.exitCode = 1;
+    withExitCodes(withConnectionOptions(command).addOption(tokenOption()).option("--json", "print one JSON object"), {
+      1: "the call failed (server unreachable, unauthenticated, unknown service, server draining)",
+    });
+  const callOptions = (o: Options) => (o.token ? { headers: { authorization: `Bearer ${o.token}` } } : {});
+  const failed = (command: string, o: Options, err: unknown) => {
+    process.exitCode = reportError(io.err, `admin ${command}`, err, connectionContext(o));
   };
 
   withOptions(admin.command("status").description("print the server's version, uptime, draining flag and each service's health (public)")).action(
@@ -78,7 +63,7 @@ export function adminCommand(io: AdminCliIo = { out: process.stdout, err: proces
         const s = await createClient(AdminService, clientTransport(o)).getStatus({}, callOptions(o));
         io.out.write(`${o.json ? JSON.stringify(statusJson(s)) : statusText(s)}\n`);
       } catch (err) {
-        failed(err);
+        failed("status", o, err);
       }
     },
   );
@@ -90,7 +75,7 @@ export function adminCommand(io: AdminCliIo = { out: process.stdout, err: proces
         const config = res.config ?? {};
         io.out.write(`${o.json ? JSON.stringify(config) : JSON.stringify(config, null, 2)}\n`);
       } catch (err) {
-        failed(err);
+        failed("config", o, err);
       }
     },
   );
@@ -99,21 +84,32 @@ export function adminCommand(io: AdminCliIo = { out: process.stdout, err: proces
     admin
       .command("serving")
       .description("take a service (or, without SERVICE, the whole server) in or out of rotation as grpc.health.v1 reports it (mutating: --token)")
-      .argument("<on|off>", "on: back in rotation; off: NOT_SERVING")
+      .argument("<on|off>", "on: back in rotation; off: NOT_SERVING", parseServing)
       .argument("[service]", "fully qualified service name; the whole server when omitted", ""),
-  ).action(async (state: string, service: string, o: Options) => {
-    const serving = parseServing(state);
-    if (serving === undefined) {
-      io.err.write(`mmgate admin: expected on or off, got "${state}"\n`);
-      process.exitCode = 1;
-      return;
-    }
+  ).action(async (serving: boolean, service: string, o: Options) => {
     try {
       const res = await createClient(AdminService, clientTransport(o)).setServingStatus({ service, serving }, callOptions(o));
       const status = statusName(res.status);
       io.out.write(`${o.json ? JSON.stringify({ service, status }) : `${service === "" ? "(server)" : service}  ${status}`}\n`);
     } catch (err) {
-      failed(err);
+      failed("serving", o, err);
+    }
+  });
+
+  withOptions(
+    admin
+      .command("drain")
+      .description(
+        "drain the server as SIGTERM does: NOT_SERVING, new calls refused, calls in flight get shutdown.graceMs, then it exits 0 (admin: --token)",
+      ),
+  ).action(async (o: Options) => {
+    try {
+      const res = await createClient(AdminService, clientTransport(o)).drain({}, callOptions(o));
+      const text = res.alreadyDraining ? "already draining" : `draining: calls in flight get ${res.graceMs} ms, then the server exits`;
+      io.out.write(`${o.json ? JSON.stringify({ grace_ms: res.graceMs, already_draining: res.alreadyDraining }) : text}
+`);
+    } catch (err) {
+      failed("drain", o, err);
     }
   });
 

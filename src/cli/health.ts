@@ -1,36 +1,43 @@
 import { Command } from "commander";
-import { createClient } from "@connectrpc/connect";
-import { ConnectError } from "@connectrpc/connect";
+import { Code, ConnectError, createClient } from "@connectrpc/connect";
 import { Health, HealthCheckResponse_ServingStatus as ServingStatus } from "../../gen/grpc/health/v1/health_pb.js";
-import { clientTransport, withConnectionOptions, type ConnectionOptions } from "../rpc/index.js";
+import { clientTransport, connectionContext, type ConnectionOptions, EXIT, reportError, withConnectionOptions, withExitCodes } from "../rpc/index.js";
 
-/** Exit codes: 0 SERVING, 1 anything else, 2 the call failed. */
+/** Exit codes: 0 SERVING, 1 any other status or a failed call, 2 a usage error. */
 export function healthCommand(): Command {
-  return withConnectionOptions(new Command("health").description("check grpc.health.v1 on a server; exits 0 when SERVING"))
+  const command = withConnectionOptions(new Command("health").description("check grpc.health.v1 on a server; exits 0 when SERVING"))
     .option("--service <name>", 'fully qualified service name ("" for the whole server)', "")
-    .option("--timeout <ms>", "deadline for the call (not with --watch)", (v) => Number(v), 5000)
-    .option("--watch", "follow grpc.health.v1 Watch: print each status as it changes, until the server ends the stream")
-    .action(async (opts: ConnectionOptions & { service: string; timeout: number; watch?: boolean }) => {
-      try {
-        const client = createClient(Health, clientTransport(opts));
-        if (opts.watch) {
-          // Exit code follows the last status seen: 0 SERVING, 1 otherwise.
-          let last = ServingStatus.UNKNOWN;
+    .option("--watch", "follow grpc.health.v1 Watch: print each status as it changes, until the server ends the stream or --timeout passes")
+    .action(async (opts: ConnectionOptions & { service: string; watch?: boolean }) => {
+      const client = createClient(Health, clientTransport(opts));
+      if (opts.watch) {
+        // Exit code follows the last status seen: 0 SERVING, 1 otherwise.
+        let last: ServingStatus | undefined;
+        try {
           for await (const res of client.watch({ service: opts.service })) {
             last = res.status;
             process.stdout.write(`${new Date().toISOString()} ${ServingStatus[res.status] ?? String(res.status)}\n`);
           }
-          process.exitCode = last === ServingStatus.SERVING ? 0 : 1;
-          return;
+        } catch (err) {
+          // --timeout ends a watch that saw a status the way the server ending the stream does; anything else is a failure.
+          if (!(err instanceof ConnectError && err.code === Code.DeadlineExceeded && last !== undefined)) {
+            process.exitCode = reportError(process.stderr, "health", err, connectionContext(opts));
+            return;
+          }
         }
-        const res = await client.check({ service: opts.service }, { timeoutMs: opts.timeout });
-        const name = ServingStatus[res.status] ?? String(res.status);
-        process.stdout.write(`${name}\n`);
-        process.exitCode = res.status === ServingStatus.SERVING ? 0 : 1;
+        process.exitCode = last === ServingStatus.SERVING ? EXIT.ok : EXIT.failure;
+        return;
+      }
+      try {
+        const res = await client.check({ service: opts.service });
+        process.stdout.write(`${ServingStatus[res.status] ?? String(res.status)}\n`);
+        process.exitCode = res.status === ServingStatus.SERVING ? EXIT.ok : EXIT.failure;
       } catch (err) {
-        const e = ConnectError.from(err);
-        process.stderr.write(`mmgate health: ${e.message}\n`);
-        process.exitCode = 2;
+        process.exitCode = reportError(process.stderr, "health", err, connectionContext(opts));
       }
     });
+  return withExitCodes(command, {
+    [EXIT.ok]: "SERVING (with --watch: the last status seen)",
+    [EXIT.failure]: "any other status, or the call failed (unknown service, server unreachable, deadline)",
+  });
 }

@@ -4,7 +4,8 @@
  * never load sharp, the image providers or the media decoder. The root help
  * lists every subcommand from the table below without importing it.
  */
-import { Command, Help } from "commander";
+import { Command, Help, type CommanderError } from "commander";
+import type * as rpc from "../rpc/index.js";
 import { version } from "../version.js";
 
 /** A subcommand the root help lists, and how to build the real one. */
@@ -130,7 +131,6 @@ export async function program(argv: readonly string[]): Promise<Command> {
   const root = new Command("mmgate")
     .description("gRPC services for the hops of a multimodal LLM and image serving stack")
     .version(versionLine(), "-V, --version")
-    .showHelpAfterError()
     .enablePositionalOptions()
     .configureHelp({ subcommandTerm: (cmd) => terms.get(cmd) ?? new Help().subcommandTerm(cmd) });
   for (const sub of subcommands) {
@@ -159,32 +159,116 @@ export interface MainOptions {
   readonly exitOverride?: boolean;
 }
 
-/** Commander asked to exit (with `MainOptions.exitOverride`); it has printed what there was to say. */
+/** The shared CLI helpers (error format, exit codes); they load connect, which takes a few hundred ms. */
+type CliHelpers = typeof rpc;
+
+function loadHelpers(): Promise<CliHelpers> {
+  return import("../rpc/index.js");
+}
+
+/** Commander asked to exit; `usage` is the error it had to say, not yet printed. */
 class ExitRequest {
-  constructor(readonly exitCode: number) {}
+  constructor(
+    readonly exitCode: number,
+    readonly usage?: { readonly path: string; readonly text: string },
+  ) {}
+}
+
+/** Exit codes of commander's own exits (EXIT in src/rpc, without loading it for `mmgate version`). */
+const OK = 0;
+const USAGE = 2;
+
+/** `images generate` for that command, "" for the root. */
+function commandPath(command: Command): string {
+  const names: string[] = [];
+  for (let at: Command | null = command; at?.parent; at = at.parent) names.unshift(at.name());
+  return names.join(" ");
+}
+
+/** The exit code of one of commander's exits: help and version are fine, everything else is a usage error. */
+function commanderExitCode(err: CommanderError): number {
+  if (err.code === "commander.helpDisplayed" || err.code === "commander.version") return OK;
+  // Help shown because a command needs a subcommand (`mmgate images`) is a usage error; `mmgate help x` is not.
+  if (err.code === "commander.help") return err.exitCode === 0 ? OK : USAGE;
+  return USAGE;
+}
+
+/**
+ * Commander's error text (`error: unknown option '--x'\n(Did you mean --y?)`)
+ * in the one error format, with a pointer to the command's help.
+ */
+function formatUsageError(helpers: CliHelpers, path: string, text: string): string {
+  const [first = "", ...rest] = text.replace(/^error: /, "").trimEnd().split("\n");
+  const hints = rest.map((line) => line.replace(/^\(Did you mean (.*)\)$/, "did you mean $1"));
+  hints.push(`see 'mmgate${path === "" ? "" : ` ${path}`} --help'`);
+  return helpers.formatError(path, { code: "usage", message: first, details: [], hints });
+}
+
+/** Every command below `command`, itself first. */
+function commandTree(command: Command): Command[] {
+  return [command, ...command.commands.flatMap((c) => commandTree(c))];
+}
+
+/**
+ * Gives every command of the tree the shared behaviour: usage errors in the
+ * one format with exit 2, required options marked in help, and (with the
+ * helpers loaded) the exit codes in the help of each command that runs
+ * something.
+ */
+function configureTree(root: Command, helpers: CliHelpers | undefined): void {
+  let usage: ExitRequest["usage"];
+  for (const command of commandTree(root)) {
+    const path = commandPath(command);
+    // Kept for main to print: the format lives with the helpers, which may not be loaded yet.
+    command.configureOutput({ ...command.configureOutput(), outputError: (text) => void (usage = { path, text }) });
+    command.exitOverride((err) => {
+      const code = commanderExitCode(err);
+      // `mmgate images` alone: commander printed the help; say what was missing, in the one format.
+      if (err.code === "commander.help" && code === USAGE && usage === undefined) {
+        const names = command.commands.map((c) => c.name()).filter((name) => name !== "help");
+        usage = { path, text: `missing command: one of ${names.join(", ")}` };
+      }
+      const request = new ExitRequest(code, usage);
+      usage = undefined;
+      throw request;
+    });
+    for (const option of command.options) {
+      // commander checks required options but its help does not say which they are.
+      if (option.mandatory && !option.description.includes("(required)")) option.description = `${option.description} (required)`;
+    }
+    const runs = command.commands.length === 0 && command !== root && command.name() !== "version";
+    if (helpers && runs && !helpers.hasExitCodesHelp(command)) command.addHelpText("after", helpers.exitCodesHelp());
+  }
+  if (helpers) {
+    root.addHelpText("after", `${helpers.exitCodesHelp({ [helpers.EXIT.partial]: "partly done (a command's help says when)" })}\nRun 'mmgate <command> --help' for a command's options.\n`);
+  }
+}
+
+/** Whether argv only asks for the version, the one run that never needs the shared helpers. */
+function versionOnly(argv: readonly string[]): boolean {
+  return argv.length === 1 && (argv[0] === "version" || argv[0] === "--version" || argv[0] === "-V");
 }
 
 /** Runs the executable on `argv` (without node and the script). */
 export async function main(argv: readonly string[] = process.argv.slice(2), options: MainOptions = {}): Promise<void> {
   // A subcommand module that fails to load is a bug: its stack trace is worth seeing.
   const root = await program(argv);
+  configureTree(root, versionOnly(argv) ? undefined : await loadHelpers());
+  let running = "";
+  root.hook("preAction", (_root, action) => {
+    running = commandPath(action);
+  });
   try {
-    if (options.exitOverride) {
-      const tree = [root, ...root.commands, ...root.commands.flatMap((c) => c.commands)];
-      for (const command of tree) {
-        command.exitOverride((err) => {
-          throw new ExitRequest(err.exitCode);
-        });
-      }
-    }
     await root.parseAsync([...argv], { from: "user" });
   } catch (err) {
     if (err instanceof ExitRequest) {
+      if (err.usage !== undefined) process.stderr.write(formatUsageError(await loadHelpers(), err.usage.path, err.usage.text));
       process.exitCode = err.exitCode;
+      // Without the override the process ends here, as commander would end it.
+      if (!options.exitOverride) process.exit(err.exitCode);
       return;
     }
-    // Usage errors raised inside an action (an unreadable --ca file, say): one line, no stack.
-    process.stderr.write(`mmgate: ${err instanceof Error ? err.message : String(err)}\n`);
-    process.exitCode = 1;
+    // Failures an action did not report itself: one line, no stack.
+    process.exitCode = (await loadHelpers()).reportError(process.stderr, running, err);
   }
 }

@@ -1,9 +1,10 @@
 import { Command, InvalidArgumentError, Option } from "commander";
-import { pino } from "pino";
 import { stringify as toYaml } from "yaml";
 import { builtinModules } from "../modules.js";
 import { ConfigError, hostPort, loadConfig, parseScalar, redactedConfig, startHost, type ServiceModule } from "../server/index.js";
+import { createLogger } from "./logger.js";
 import { version } from "../version.js";
+import { CliError, EXIT, reportError, reportWarning, withExitCodes } from "../rpc/index.js";
 
 interface ServeOptions {
   config?: string;
@@ -38,6 +39,8 @@ export interface ServeRole {
   readonly options?: readonly Option[];
   /** Config overrides from the role's own options (over --set). */
   readonly overrides?: (opts: Record<string, unknown>) => Record<string, unknown>;
+  /** The flag behind each key `overrides` sets, for config errors (`router.relays` → `--relay`). */
+  readonly overrideFlags?: Readonly<Record<string, string>>;
 }
 
 function collectRelay(value: string, previous: readonly string[] | undefined): string[] {
@@ -57,11 +60,13 @@ export const serveRoles: readonly ServeRole[] = [
     extraModules: async () => [(await import("../relay/router/index.js")).routerModule],
     options: [new Option("--relay <host:port>", "a KV relay to mirror (repeatable; else router.relays from the config or MMGATE_ROUTER__RELAYS)").argParser(collectRelay)],
     overrides: (opts) => (Array.isArray(opts.relay) ? { "router.relays": opts.relay } : {}),
+    overrideFlags: { "router.relays": "--relay" },
   },
 ];
 
 export function serveCommand(role?: ServeRole): Command {
-  const command = new Command(role?.name ?? "serve")
+  const name = role?.name ?? "serve";
+  const command = new Command(name)
     .description(role?.description ?? "serve the services of every configured module on one listener (embedded defaults without a config file)")
     .addOption(new Option("-c, --config <file>", "JSON or YAML config file").env("MMGATE_CONFIG"))
     .option("--listen <host:port>", "gRPC listener (default 127.0.0.1:50051)")
@@ -69,7 +74,7 @@ export function serveCommand(role?: ServeRole): Command {
   for (const option of role?.options ?? []) command.addOption(option);
   command
     .addOption(
-      new Option("--modules <names>", `comma-separated modules to run (known: ${builtinModules.map((m) => m.name).join(", ") || "none"})`).hideHelp(
+      new Option("--modules <names>", `modules to run, as a,b or a JSON array (known: ${builtinModules.map((m) => m.name).join(", ") || "none"})`).hideHelp(
         role !== undefined,
       ),
     )
@@ -81,32 +86,38 @@ export function serveCommand(role?: ServeRole): Command {
     .action(async (opts: ServeOptions) => {
       const modules: readonly ServiceModule[] = [...builtinModules, ...((await role?.extraModules?.()) ?? [])];
       const overrides: Record<string, unknown> = { ...opts.set };
+      // Config errors name the flag a value came from; --set KEY is the default.
+      const overrideOrigins: Record<string, string> = {};
+      const flag = (key: string, value: unknown, origin: string) => {
+        if (value === undefined) return;
+        overrides[key] = value;
+        overrideOrigins[key] = origin;
+      };
+      flag("listen", opts.listen, "--listen");
+      flag("adminListen", opts.adminListen, "--admin-listen");
       // A role's modules are the role: they beat the file, the environment and --modules.
-      if (role) opts.modules = role.modules.join(",");
-      if (opts.listen !== undefined) overrides.listen = opts.listen;
-      if (opts.adminListen !== undefined) overrides.adminListen = opts.adminListen;
-      if (opts.modules !== undefined) overrides.modules = opts.modules;
-      if (opts.services !== undefined) overrides.services = opts.services;
-      if (opts.logLevel !== undefined) overrides["log.level"] = opts.logLevel;
-      if (role?.overrides) Object.assign(overrides, role.overrides(opts as unknown as Record<string, unknown>));
+      flag("modules", role ? [...role.modules] : opts.modules, role ? `mmgate ${role.name}` : "--modules");
+      flag("services", opts.services, "--services");
+      flag("log.level", opts.logLevel, "--log-level");
+      for (const [key, value] of Object.entries(role?.overrides?.(opts as unknown as Record<string, unknown>) ?? {})) {
+        flag(key, value, role?.overrideFlags?.[key] ?? `--set ${key}`);
+      }
       const warnings: string[] = [];
       let config;
       try {
-        config = loadConfig({ file: opts.config, env: process.env, overrides, onWarning: (m) => warnings.push(m) }, modules);
+        config = loadConfig({ file: opts.config, env: process.env, overrides, overrideOrigins, onWarning: (m) => warnings.push(m) }, modules);
       } catch (err) {
-        if (err instanceof ConfigError) {
-          process.stderr.write(`mmgate: ${err.message}\n`);
-          process.exit(2);
-        }
+        // Nothing runs yet: main prints the error and sets the exit code.
+        if (err instanceof ConfigError) throw new CliError("config", err.message, { exitCode: EXIT.usage });
         throw err;
       }
       if (opts.printConfig) {
-        for (const w of warnings) process.stderr.write(`mmgate: warning: ${w}\n`);
+        for (const w of warnings) reportWarning(process.stderr, name, w);
         const printed = redactedConfig(config);
         process.stdout.write(opts.format === "yaml" ? toYaml(printed) : `${JSON.stringify(printed, null, 2)}\n`);
         return;
       }
-      const logger = pino({ level: config.log.level, base: { pid: process.pid }, timestamp: pino.stdTimeFunctions.isoTime });
+      const logger = await createLogger(config.log);
       for (const w of warnings) logger.warn(w);
       let host;
       try {
@@ -115,9 +126,9 @@ export function serveCommand(role?: ServeRole): Command {
         // Start-up failures an operator can fix: name them, no stack trace.
         const e = err as NodeJS.ErrnoException;
         if (err instanceof ConfigError || (typeof e.code === "string" && /^E[A-Z]+$/.test(e.code))) {
-          process.stderr.write(`mmgate: ${e.message}\n`);
+          const code = reportError(process.stderr, name, err instanceof ConfigError ? new CliError("config", err.message, { exitCode: EXIT.usage }) : err);
           logger.flush();
-          process.exit(err instanceof ConfigError ? 2 : 1);
+          process.exit(code);
         }
         throw err;
       }
@@ -147,5 +158,9 @@ export function serveCommand(role?: ServeRole): Command {
       logger.flush();
       process.exit(exitCode);
     });
-  return command;
+  return withExitCodes(command, {
+    [EXIT.ok]: "stopped by SIGTERM or SIGINT after the drain (with --print-config: printed)",
+    [EXIT.failure]: "could not start (a port in use, an unreadable TLS file), or stopped after an uncaught exception",
+    [EXIT.usage]: "usage error, or an invalid configuration (each field named, with where its value came from)",
+  });
 }

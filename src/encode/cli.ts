@@ -1,9 +1,9 @@
 import { readFile } from "node:fs/promises";
 import { Command } from "commander";
-import { ConnectError, createClient } from "@connectrpc/connect";
+import { Code, createClient } from "@connectrpc/connect";
 import { EncodeHopService, Lifecycle } from "../../gen/mmgate/encode/v1/encode_pb.js";
+import { clientTransport, CliError, connectionContext, type ConnectionOptions, ioError, reportError, snakeCodeName, tokenOption, withConnectionOptions, withExitCodes } from "../rpc/index.js";
 import { annotatedToJsonValue, LlmJsonError, preprocessedRequestFromJson, stringifyJson } from "../llm/index.js";
-import { addrOption, caOption, clientTransport, tlsOption, tokenOption, type ConnectionOptions } from "../rpc/index.js";
 
 /** Where the hop commands write; the process's streams by default. */
 export interface HopCliIo {
@@ -18,31 +18,35 @@ async function readStdin(): Promise<string> {
   return Buffer.concat(chunks).toString("utf8");
 }
 
-type Options = ConnectionOptions & { token?: string; timeout: number };
+type Options = ConnectionOptions & { token?: string };
 
 /**
  * `mmgate hop`: send a PreprocessedRequest written in the reference's JSON
  * shape to EncodeHopService.Generate and print each output as one JSON line
  * in the same shape; print GetStatus. Exit codes: 0 done, 1 the call
- * failed, 2 the request file is unreadable or not a valid request.
+ * failed or the request file is unreadable or not a valid request (the
+ * error names the JSON path), 2 a usage error.
  */
 export function hopCommand(io: HopCliIo = { out: process.stdout, err: process.stderr }): Command {
   const hop = new Command("hop").description("call the multimodal Encode hop (mmgate.encode.v1.EncodeHopService)");
   const withConnection = (command: Command) =>
-    command.addOption(addrOption()).addOption(tlsOption()).addOption(caOption()).addOption(tokenOption());
+    withExitCodes(withConnectionOptions(command).addOption(tokenOption()), {
+      1: "the call failed, or the request file is unreadable or not a valid request (the error names the JSON path)",
+    });
   withConnection(
     hop
       .command("generate")
       .description("send a PreprocessedRequest (the reference's JSON shape, from FILE or - for stdin) and print each output as a JSON line")
-      .argument("<file>", "request JSON file, or - for standard input")
-      .option("--timeout <ms>", "deadline for the whole call", (v) => Number(v), 60_000),
+      .argument("<file>", "request JSON file, or - for standard input"),
   ).action(async (file: string, o: Options) => {
+    const fail = (err: unknown) => {
+      process.exitCode = reportError(io.err, "hop generate", err, connectionContext(o));
+    };
     let text: string;
     try {
       text = file === "-" ? await (io.stdin ?? readStdin)() : await readFile(file, "utf8");
     } catch (err) {
-      io.err.write(`mmgate hop: cannot read ${file}: ${(err as Error).message}\n`);
-      process.exitCode = 2;
+      fail(ioError(`cannot read ${file}: ${(err as Error).message}`, err));
       return;
     }
     let request;
@@ -50,25 +54,23 @@ export function hopCommand(io: HopCliIo = { out: process.stdout, err: process.st
       request = preprocessedRequestFromJson(text);
     } catch (err) {
       if (!(err instanceof LlmJsonError)) throw err;
-      io.err.write(`mmgate hop: ${file}: ${err.message}\n`);
-      process.exitCode = 2;
+      fail(new CliError(snakeCodeName(Code.InvalidArgument), `${file}: ${err.message}`, { cause: err }));
       return;
     }
     const headers = o.token ? { authorization: `Bearer ${o.token}` } : undefined;
     try {
       const client = createClient(EncodeHopService, clientTransport(o));
-      for await (const res of client.generate({ request }, { timeoutMs: o.timeout, ...(headers ? { headers } : {}) })) {
+      for await (const res of client.generate({ request }, headers ? { headers } : {})) {
         if (res.output) io.out.write(`${stringifyJson(annotatedToJsonValue(res.output))}\n`);
       }
     } catch (err) {
-      io.err.write(`mmgate hop: ${ConnectError.from(err).message}\n`);
-      process.exitCode = 1;
+      fail(err);
     }
   });
   withConnection(hop.command("status").description("print the hop's GetStatus: lifecycle, target, members and counters")).action(
     async (o: Options) => {
       try {
-        const s = await createClient(EncodeHopService, clientTransport(o)).getStatus({}, { timeoutMs: 10_000 });
+        const s = await createClient(EncodeHopService, clientTransport(o)).getStatus({});
         const status = {
           lifecycle: (Lifecycle[s.lifecycle] ?? String(s.lifecycle)).toLowerCase(),
           target_id: s.targetId,
@@ -80,8 +82,7 @@ export function hopCommand(io: HopCliIo = { out: process.stdout, err: process.st
         };
         io.out.write(`${JSON.stringify(status, null, 2)}\n`);
       } catch (err) {
-        io.err.write(`mmgate hop: ${ConnectError.from(err).message}\n`);
-        process.exitCode = 1;
+        process.exitCode = reportError(io.err, "hop status", err, connectionContext(o));
       }
     },
   );

@@ -7,11 +7,11 @@ import { create, toJson } from "@bufbuild/protobuf";
 import { MultiBar, Presets, type SingleBar } from "cli-progress";
 import { Command, InvalidArgumentError, Option } from "commander";
 import { ConnectError, createClient } from "@connectrpc/connect";
+import { clientTransport, CliError, connectionContext, type ConnectionOptions, EXIT, ioError, parseTimeout, reportError, reportWarning, snakeCodeName, tokenOption, usageError, withConnectionOptions, withExitCodes } from "../rpc/index.js";
 import { ValueSchema, type Value } from "@bufbuild/protobuf/wkt";
 import { ProviderCapabilitiesSchema, type ProviderCapabilities } from "../../gen/mmgate/images/v1/capabilities_pb.js";
 import { ImageService, ListProvidersResponseSchema } from "../../gen/mmgate/images/v1/image_service_pb.js";
 import * as pb from "../../gen/mmgate/images/v1/images_pb.js";
-import { addrOption, caOption, clientTransport, tlsOption, tokenOption, type ConnectionOptions } from "../rpc/index.js";
 import { errorCodeFromProto } from "./proto-convert.js";
 
 export interface CliIo {
@@ -49,7 +49,12 @@ function enumOf<E extends Record<string, string | number>>(values: E, label: str
 }
 
 interface GenerateOptions extends ConnectionOptions {
-  n: number;
+  count: number;
+  /** The old spelling of --count. */
+  n?: number;
+  /** The old spelling of --timeout (the request's timeout_ms only). */
+  timeoutMs?: number;
+  json?: boolean;
   out: string;
   token?: string;
   provider?: string;
@@ -64,9 +69,11 @@ interface GenerateOptions extends ConnectionOptions {
   normalize?: boolean;
   stream?: boolean;
   savePartials?: boolean;
-  timeoutMs?: number;
   negative?: string;
 }
+
+/** The largest timeout_ms a server takes by default (images.limits.maxTimeoutMs). */
+const MAX_REQUEST_TIMEOUT_MS = 1_800_000;
 
 function imageRequest(prompt: string, o: GenerateOptions): pb.ImageRequest {
   return create(pb.ImageRequestSchema, {
@@ -74,7 +81,7 @@ function imageRequest(prompt: string, o: GenerateOptions): pb.ImageRequest {
     ...(o.negative !== undefined ? { negativePrompt: o.negative } : {}),
     operation: { case: "generate", value: {} },
     parameters: {
-      n: o.n,
+      n: o.count,
       size: o.size ?? "",
       quality: o.quality ?? 0,
       outputFormat: o.format ?? 0,
@@ -87,7 +94,8 @@ function imageRequest(prompt: string, o: GenerateOptions): pb.ImageRequest {
       compatibility: o.normalize ? pb.CompatibilityMode.NORMALIZE : pb.CompatibilityMode.STRICT,
       batchExecution: o.sequential ? pb.BatchExecution.SEQUENTIAL : pb.BatchExecution.AUTO,
     },
-    ...(o.timeoutMs !== undefined ? { timeoutMs: BigInt(o.timeoutMs) } : {}),
+    // The server ends the work at the same deadline the call has (a longer one is the server's to bound).
+    ...(o.timeout !== undefined && o.timeout > 0 && o.timeout <= MAX_REQUEST_TIMEOUT_MS ? { timeoutMs: BigInt(o.timeout) } : {}),
     responseFormat: pb.ResponseFormat.BYTES,
   });
 }
@@ -106,7 +114,7 @@ const FLAGS: Readonly<Record<string, string>> = {
   "routing.provider": "--provider",
   "routing.model": "--model",
   negative_prompt: "--negative",
-  timeout_ms: "--timeout-ms",
+  timeout_ms: "--timeout",
   prompt: "<prompt>",
 };
 
@@ -115,7 +123,7 @@ const HINTS: Readonly<Record<string, string>> = {
   "Call GetCapabilities for the provider and adjust the request, or set policies.compatibility to normalize.":
     "Run `mmgate images capabilities` to see what the provider supports and change the option, or use --normalize to let the server adjust it (the change is printed).",
   "Fix the fields listed in details.issues and send the request again.": "Fix the options listed above and run the command again.",
-  "Raise timeout_ms or reduce parameters.n; check the provider's latency.": "Raise --timeout-ms or lower -n; check the provider's latency.",
+  "Raise timeout_ms or reduce parameters.n; check the provider's latency.": "Raise --timeout or lower -n; check the provider's latency.",
 };
 
 /** A server hint in CLI terms: known hints rewritten, request field names replaced by flags. */
@@ -160,6 +168,29 @@ const NORMALIZATION_REASONS: Readonly<Record<string, string>> = {
   negative_prompt_prompt_merge: "merged into the prompt",
 };
 
+/** An option the server changed (--normalize), as --json reports it. */
+interface NormalizationJson {
+  readonly field: string;
+  readonly flag: string;
+  readonly requested: unknown;
+  readonly effective: unknown;
+  readonly reason: string;
+  /** The line the text output prints. */
+  readonly message: string;
+}
+
+function normalizationsJson(response: pb.ImageResponse, caps: ProviderCapabilities | undefined): NormalizationJson[] {
+  const lines = normalizationLines(response, caps);
+  return response.normalizations.map((n, i) => ({
+    field: n.field,
+    flag: FLAGS[n.field] ?? n.field,
+    requested: n.requested === undefined ? null : toJson(ValueSchema, n.requested),
+    effective: n.effective === undefined ? null : toJson(ValueSchema, n.effective),
+    reason: n.reason,
+    message: lines[i]!,
+  }));
+}
+
 /** "normalized --size: 100x100 -> auto (…)" lines, with the size rule and the size made. */
 function normalizationLines(response: pb.ImageResponse, caps: ProviderCapabilities | undefined): string[] {
   return response.normalizations.map((n) => {
@@ -191,9 +222,6 @@ function warningLine(warning: string, response: pb.ImageResponse, caps: Provider
   return warning;
 }
 
-/** A command-line mistake found before any call: exit 2, nothing spent. */
-class UsageError extends Error {}
-
 function describe(error: unknown): string {
   return error instanceof Error ? error.message : String(error);
 }
@@ -203,25 +231,26 @@ function describe(error: unknown): string {
  * before anything is paid for.
  */
 async function prepareOutDir(dir: string): Promise<void> {
+  // Any --out that cannot take the images is a usage error: found before anything is paid for.
   const existing = await stat(dir).catch((error: NodeJS.ErrnoException) => {
     if (error.code === "ENOENT") return undefined;
-    if (error.code === "ENOTDIR") throw new UsageError(`--out ${dir}: a parent of it is a file, not a directory`);
-    throw new UsageError(`--out ${dir}: ${describe(error)}`);
+    if (error.code === "ENOTDIR") throw usageError(`--out ${dir}: a parent of it is a file, not a directory`);
+    throw usageError(`--out ${dir}: ${describe(error)}`);
   });
-  if (existing && !existing.isDirectory()) throw new UsageError(`--out ${dir}: exists and is not a directory`);
+  if (existing && !existing.isDirectory()) throw usageError(`--out ${dir}: exists and is not a directory`);
   if (!existing) {
     try {
       await mkdir(dir, { recursive: true });
     } catch (error) {
       const code = (error as NodeJS.ErrnoException).code;
-      if (code === "ENOTDIR" || code === "EEXIST") throw new UsageError(`--out ${dir}: a parent of it is a file, not a directory`);
-      throw new UsageError(`--out ${dir}: cannot create the directory: ${describe(error)}`);
+      if (code === "ENOTDIR" || code === "EEXIST") throw usageError(`--out ${dir}: a parent of it is a file, not a directory`);
+      throw usageError(`--out ${dir}: cannot create the directory: ${describe(error)}`);
     }
   }
   try {
     await access(dir, constants.W_OK | constants.X_OK);
   } catch (error) {
-    throw new UsageError(`--out ${dir}: the directory is not writable: ${describe(error)}`);
+    throw usageError(`--out ${dir}: the directory is not writable: ${describe(error)}`);
   }
 }
 
@@ -249,14 +278,14 @@ function sniffExtension(bytes: Uint8Array): string {
   return "bin";
 }
 
-/** Removes earlier runs' `image-*` / `partial-*` files in `dir` that this run did not write. */
-async function removeStale(dir: string, written: ReadonlySet<string>, io: CliIo): Promise<void> {
+/** Removes earlier runs' `image-*` / `partial-*` files in `dir` that this run did not write; returns their names. */
+async function removeStale(dir: string, written: ReadonlySet<string>): Promise<string[]> {
   const stale: string[] = [];
   for (const entry of await readdir(dir, { withFileTypes: true })) {
     if (entry.isFile() && OUTPUT_NAME.test(entry.name) && !written.has(entry.name)) stale.push(entry.name);
   }
   for (const name of stale) await rm(join(dir, name), { force: true });
-  if (stale.length > 0) io.err.write(`removed ${stale.length} file(s) from an earlier run: ${stale.sort().join(", ")}\n`);
+  return stale.sort();
 }
 
 interface SaveContext {
@@ -279,33 +308,93 @@ async function writeAll(dir: string, images: readonly Encoded[]): Promise<void> 
   }
 }
 
+/** What a finished generate call left behind. */
+interface Saved {
+  /** Where the images are: --out, or a temporary directory when writing there failed. */
+  readonly dir: string;
+  readonly images: readonly Encoded[];
+  /** Earlier runs' files removed from --out. */
+  readonly removed: readonly string[];
+  /** Why the images are not in --out, if they are not. */
+  readonly writeError?: CliError;
+  /** Why earlier files could not be removed, if they could not. */
+  readonly cleanupError?: string;
+}
+
 /**
- * Writes each image as <out>/image-<index>.<ext> and prints one line per output.
- * If the images cannot be written there, they are kept in a fresh temporary
- * directory instead (named on stderr, exit 1): paid images are never dropped.
+ * Writes each image as <out>/image-<index>.<ext>. If the images cannot be
+ * written there, they are kept in a fresh temporary directory instead
+ * (named on stderr, exit 1): paid images are never dropped.
  */
-async function saveResponse(response: pb.ImageResponse, ctx: SaveContext, io: CliIo, caps?: ProviderCapabilities): Promise<number> {
+async function saveImages(response: pb.ImageResponse, ctx: SaveContext): Promise<Saved> {
   const images: Encoded[] = [];
   for (const image of response.data) {
     if (image.payload.case !== "image") continue;
     images.push({ image, bytes: image.payload.value, name: imageName(image.index, EXTENSIONS[image.format] ?? "bin", ctx.width) });
   }
-  let dir = ctx.out;
-  let status = response.failures.length > 0 ? 2 : 0;
   try {
-    await writeAll(dir, images);
-    await removeStale(dir, new Set([...images.map((i) => i.name), ...ctx.partials]), io).catch((error: unknown) => {
-      io.err.write(`warning: could not remove earlier files in ${dir}: ${describe(error)}\n`);
-    });
+    await writeAll(ctx.out, images);
   } catch (error) {
-    io.err.write(`error: ${describe(error)}\n`);
-    dir = await mkdtemp(join(tmpdir(), "mmgate-images-"));
+    const dir = await mkdtemp(join(tmpdir(), "mmgate-images-"));
     await writeAll(dir, images);
-    io.err.write(`kept the ${images.length} image(s) in ${dir}\n`);
-    status = 1;
+    return { dir, images, removed: [], writeError: ioError(describe(error), error) };
   }
-  for (const { image, name } of images) {
-    io.out.write(`${image.index}\t${join(dir, name)}\t${image.width}x${image.height}\t${image.byteSize} bytes\tsha256:${image.sha256}\n`);
+  try {
+    return { dir: ctx.out, images, removed: await removeStale(ctx.out, new Set([...images.map((i) => i.name), ...ctx.partials])) };
+  } catch (error) {
+    return { dir: ctx.out, images, removed: [], cleanupError: `could not remove earlier files in ${ctx.out}: ${describe(error)}` };
+  }
+}
+
+/** `--json`: everything the text output says, as one object (camelCase, like the protobuf JSON of `images providers --json`). */
+function resultJson(response: pb.ImageResponse, saved: Saved, ctx: SaveContext, caps: ProviderCapabilities | undefined): Record<string, unknown> {
+  const images = saved.images.map(({ image, name }) => ({
+    index: image.index,
+    file: join(saved.dir, name),
+    width: image.width,
+    height: image.height,
+    format: EXTENSIONS[image.format] ?? "bin",
+    byteSize: Number(image.byteSize),
+    sha256: image.sha256,
+  }));
+  const partials = [...ctx.partials].sort().map((name) => join(ctx.out, name));
+  return {
+    provider: response.provider,
+    model: response.model,
+    dir: saved.dir,
+    files: [...images.map((i) => i.file), ...partials],
+    images,
+    partials,
+    failures: response.failures.map((f) => ({
+      index: f.index,
+      code: f.error ? errorCodeFromProto(f.error.code) : "internal",
+      message: f.error?.message ?? "",
+      retryable: f.error?.retryable ?? false,
+      ...(f.error?.details && Object.keys(f.error.details).length > 0 ? { details: f.error.details } : {}),
+    })),
+    warnings: response.warnings.map((code) => ({ code, message: warningLine(code, response, caps) })),
+    normalizations: normalizationsJson(response, caps),
+    ...(response.revisedPrompt ? { revisedPrompt: response.revisedPrompt } : {}),
+    removed: saved.removed,
+    totalMs: Number(response.timings?.totalMs ?? 0n),
+  };
+}
+
+/** Prints what a finished call produced (a line per output on stdout, notes on stderr, or one JSON object) and returns the exit code. */
+function printResult(response: pb.ImageResponse, saved: Saved, ctx: SaveContext, io: CliIo, json: boolean, caps?: ProviderCapabilities): number {
+  if (saved.writeError) {
+    const kept = `kept the ${saved.images.length} image(s) in ${saved.dir}`;
+    reportError(io.err, COMMAND, new CliError(saved.writeError.code, saved.writeError.message, { details: [kept] }));
+  }
+  if (saved.cleanupError) reportWarning(io.err, COMMAND, saved.cleanupError);
+  const status = saved.writeError ? EXIT.failure : response.failures.length > 0 ? EXIT.partial : EXIT.ok;
+  if (json) {
+    io.out.write(`${JSON.stringify(resultJson(response, saved, ctx, caps))}\n`);
+    return status;
+  }
+  if (saved.removed.length > 0) io.err.write(`removed ${saved.removed.length} file(s) from an earlier run: ${saved.removed.join(", ")}\n`);
+  for (const { image, name } of saved.images) {
+    io.out.write(`${image.index}\t${join(saved.dir, name)}\t${image.width}x${image.height}\t${image.byteSize} bytes\tsha256:${image.sha256}\n`);
   }
   for (const failure of response.failures) {
     const code = failure.error ? errorCodeFromProto(failure.error.code) : "internal";
@@ -313,7 +402,7 @@ async function saveResponse(response: pb.ImageResponse, ctx: SaveContext, io: Cl
   }
   if (response.revisedPrompt) io.out.write(`revised prompt: ${response.revisedPrompt}\n`);
   for (const line of normalizationLines(response, caps)) io.err.write(`${line}\n`);
-  for (const warning of response.warnings) io.err.write(`warning: ${warningLine(warning, response, caps)}\n`);
+  for (const warning of response.warnings) reportWarning(io.err, COMMAND, warningLine(warning, response, caps));
   io.out.write(
     `${response.data.length} image(s) from ${response.provider}/${response.model} in ${response.timings?.totalMs ?? 0n} ms` +
       (response.failures.length > 0 ? `, ${response.failures.length} failed\n` : "\n"),
@@ -321,20 +410,25 @@ async function saveResponse(response: pb.ImageResponse, ctx: SaveContext, io: Cl
   return status;
 }
 
-function reportError(error: unknown, io: CliIo, caps?: ProviderCapabilities): void {
+const COMMAND = "images generate";
+
+/**
+ * A failed call as the images commands report it: the service's typed
+ * error (its code, whether a retry may help, details, hints in CLI terms),
+ * or the call's own failure.
+ */
+function callError(error: unknown, caps?: ProviderCapabilities): unknown {
+  if (!(error instanceof Error)) return error;
   const e = ConnectError.from(error);
   const [detail] = e.findDetails(pb.ErrorDetailSchema);
-  if (!detail) {
-    io.err.write(`error: ${e.message}\n`);
-    return;
-  }
-  io.err.write(`error: ${errorCodeFromProto(detail.code)}: ${detail.message}${detail.retryable ? " (retryable)" : ""}\n`);
-  if (detail.details && Object.keys(detail.details).length > 0) io.err.write(`details: ${JSON.stringify(detail.details)}\n`);
-  for (const s of detail.suggestions) io.err.write(`hint: ${cliHint(s)}\n`);
+  if (!detail) return error;
+  const hints = detail.suggestions.map(cliHint);
   if (detail.details?.["field"] === "parameters.size") {
     const rule = sizeRule(caps);
-    if (rule) io.err.write(`hint: ${rule}\n`);
+    if (rule) hints.push(rule);
   }
+  const details = detail.details && Object.keys(detail.details).length > 0 ? [`details: ${JSON.stringify(detail.details)}`] : [];
+  return new CliError(snakeCodeName(e.code), `${errorCodeFromProto(detail.code)}: ${detail.message}${detail.retryable ? " (retryable)" : ""}`, { details, hints, cause: error });
 }
 
 /** One bar per output: a step per partial preview, and one for completion. */
@@ -371,29 +465,35 @@ class OutputProgress {
 }
 
 async function generate(prompt: string, o: GenerateOptions, io: CliIo): Promise<number> {
+  const context = connectionContext(o);
+  const fail = (error: unknown, caps?: ProviderCapabilities) => reportError(io.err, COMMAND, callError(error, caps), context);
+  // The old spellings, kept working: --n for --count, --timeout-ms for --timeout.
+  if (o.n !== undefined) o.count = o.n;
+  if (o.timeoutMs !== undefined && !(o.timeout !== undefined && o.timeout > 0)) o.timeout = o.timeoutMs;
   try {
-    if (o.savePartials && !o.stream) throw new UsageError("--save-partials needs --stream");
+    if (o.savePartials && !o.stream) throw usageError("--save-partials needs --stream");
     await prepareOutDir(o.out);
   } catch (error) {
-    if (!(error instanceof UsageError)) throw error;
-    io.err.write(`error: ${error.message}\n`);
-    return 2;
+    return fail(error);
   }
-  const ctx: SaveContext = { out: o.out, width: indexWidth(o.n), partials: new Set() };
+  const ctx: SaveContext = { out: o.out, width: indexWidth(o.count), partials: new Set() };
   let partialWriteFailed = false;
-  const client = createClient(ImageService, clientTransport(o));
-  const headers = o.token ? { authorization: `Bearer ${o.token}` } : undefined;
   let caps: ProviderCapabilities | undefined;
+  let client;
+  try {
+    client = createClient(ImageService, clientTransport(o));
+  } catch (error) {
+    return fail(error);
+  }
+  const headers = o.token ? { authorization: `Bearer ${o.token}` } : undefined;
   try {
     caps = (await client.getCapabilities({ provider: o.provider ?? "", model: o.model ?? "" }, headers ? { headers } : {})).capabilities;
   } catch (error) {
-    reportError(error, io);
-    return 1;
+    return fail(error);
   }
   const limit = caps?.count?.max;
-  if (limit !== undefined && limit > 0 && o.n > limit) {
-    io.err.write(`error: -n ${o.n} is above the limit of ${caps!.provider}: at most ${limit} image(s) per request\n`);
-    return 2;
+  if (limit !== undefined && limit > 0 && o.count > limit) {
+    return fail(usageError(`-n ${o.count} is above the limit of ${caps!.provider}: at most ${limit} image(s) per request`));
   }
   try {
     let partials = o.partials;
@@ -402,55 +502,54 @@ async function generate(prompt: string, o: GenerateOptions, io: CliIo): Promise<
       partials = Math.min(DEFAULT_STREAM_PARTIALS, caps?.partialImages?.max ?? 0);
     }
     const request = imageRequest(prompt, { ...o, ...(partials !== undefined ? { partials } : {}) });
-    if (!o.stream) {
-      const result = await client.generate({ request }, headers ? { headers } : {});
-      return await saveResponse(result.response!, ctx, io, caps);
-    }
-    const steps = (request.parameters?.partialImages ?? 0) + 1;
-    const progress = new OutputProgress(io, o.n, steps);
     let completed: pb.ImageResponse | undefined;
-    try {
-      for await (const message of client.generateStream({ request }, headers ? { headers } : {})) {
-        const event = message.event;
-        if (event.case === "progress") progress.stage(event.value.index, event.value.stage);
-        else if (event.case === "partialImage") {
-          progress.partial(event.value.index, event.value.partialIndex);
-          if (o.savePartials && !partialWriteFailed) {
-            const name = partialName(event.value.index, event.value.partialIndex, sniffExtension(event.value.image), ctx.width);
-            try {
-              await writeFile(join(o.out, name), event.value.image);
-              ctx.partials.add(name);
-            } catch (error) {
-              partialWriteFailed = true;
-              io.err.write(`warning: could not save previews: ${describe(error)}\n`);
+    if (!o.stream) {
+      completed = (await client.generate({ request }, headers ? { headers } : {})).response;
+    } else {
+      const steps = (request.parameters?.partialImages ?? 0) + 1;
+      const progress = new OutputProgress(io, o.count, steps);
+      try {
+        for await (const message of client.generateStream({ request }, headers ? { headers } : {})) {
+          const event = message.event;
+          if (event.case === "progress") progress.stage(event.value.index, event.value.stage);
+          else if (event.case === "partialImage") {
+            progress.partial(event.value.index, event.value.partialIndex);
+            if (o.savePartials && !partialWriteFailed) {
+              const name = partialName(event.value.index, event.value.partialIndex, sniffExtension(event.value.image), ctx.width);
+              try {
+                await writeFile(join(o.out, name), event.value.image);
+                ctx.partials.add(name);
+              } catch (error) {
+                partialWriteFailed = true;
+                reportWarning(io.err, COMMAND, `could not save previews: ${describe(error)}`);
+              }
             }
-          }
+          } else if (event.case === "completed") completed = event.value.response;
         }
-        else if (event.case === "completed") completed = event.value.response;
+      } finally {
+        progress.finish(completed);
       }
-    } finally {
-      progress.finish(completed);
     }
-    if (!completed) throw new Error("the stream ended without a result");
-    return await saveResponse(completed, ctx, io, caps);
+    if (!completed) throw new CliError("internal", "the server's answer has no result");
+    const saved = await saveImages(completed, ctx);
+    return printResult(completed, saved, ctx, io, o.json === true, caps);
   } catch (error) {
-    reportError(error, io, caps);
-    return 1;
+    return fail(error, caps);
   }
 }
 
 /** `mmgate images …`: generate images and inspect providers. */
 export function imagesCommand(io: CliIo = { out: process.stdout, err: process.stderr, progress: process.stderr.isTTY === true }): Command {
   const images = new Command("images").description("generate images through mmgate.images.v1.ImageService");
-  images
-    .command("generate")
-    .description("generate images and write them to a directory")
-    .argument("<prompt>", "what to draw")
-    .addOption(new Option("-n, --n <count>", "number of images, up to the provider's limit (see capabilities: count.max)").default(1).argParser(intIn(1, 0xffff_ffff)))
-    .requiredOption("--out <dir>", "directory to write the images to (created if missing)")
-    .addOption(addrOption())
-    .addOption(tlsOption())
-    .addOption(caOption())
+  const generateCommand = withConnectionOptions(
+    images
+      .command("generate")
+      .description("generate images and write them to a directory")
+      .argument("<prompt>", "what to draw")
+      .addOption(new Option("-n, --count <count>", "number of images, up to the provider's limit (see capabilities: count.max)").default(1).argParser(intIn(1, 0xffff_ffff)))
+      .addOption(new Option("--n <count>", "old name of --count").argParser(intIn(1, 0xffff_ffff)).hideHelp())
+      .requiredOption("--out <dir>", "directory to write the images to (created if missing)"),
+  )
     .addOption(tokenOption())
     .option("--provider <name>", "provider (default: the server's default)")
     .option("--model <name>", "model (default: the provider's default)")
@@ -465,22 +564,22 @@ export function imagesCommand(io: CliIo = { out: process.stdout, err: process.st
     .option("--normalize", "let the server adjust options the provider does not support (e.g. a --size that is no multiple of 8) instead of failing; each change is printed")
     .option("--stream", "stream progress and partial previews")
     .option("--save-partials", "with --stream, also write the previews as partial-<index>-<k>.<ext>")
-    .addOption(new Option("--timeout-ms <ms>", "request timeout").argParser(intIn(1, 1_800_000)))
+    .option("--json", "print one JSON object: the files written, each image's size, format and sha256, failures, warnings and normalizations")
+    .addOption(new Option("--timeout-ms <ms>", "old name of --timeout").argParser(parseTimeout).hideHelp())
     .action(async (prompt: string, options: GenerateOptions) => {
       process.exitCode = await generate(prompt, options, io);
     });
+  withExitCodes(generateCommand, {
+    [EXIT.failure]: "the call failed (nothing saved), or the images could not be written to --out (they are kept in a temporary directory, named)",
+    [EXIT.usage]: "usage error: a bad option, an --out that is no directory, -n above the provider's limit; nothing was generated",
+    [EXIT.partial]: "some images failed (--best-effort); the others were saved",
+  });
 
-  images
-    .command("providers")
-    .description("list the registered providers")
-    .addOption(addrOption())
-    .addOption(tlsOption())
-    .addOption(caOption())
-    .option("--json", "print the ListProviders answer as one JSON object (proto3 JSON)")
+  withConnectionOptions(images.command("providers").description("list the registered providers"))
+    .option("--json", "print the ListProviders answer as one JSON object (protobuf JSON)")
     .action(async (options: ConnectionOptions & { json?: boolean }) => {
-      const client = createClient(ImageService, clientTransport(options));
       try {
-        const response = await client.listProviders({});
+        const response = await createClient(ImageService, clientTransport(options)).listProviders({});
         if (options.json) {
           io.out.write(`${JSON.stringify(toJson(ListProvidersResponseSchema, response))}\n`);
           return;
@@ -489,29 +588,24 @@ export function imagesCommand(io: CliIo = { out: process.stdout, err: process.st
           io.out.write(`${p.name}${p.default ? " (default)" : ""}\t${p.displayName}\t${p.version}\tmodels: ${p.models.join(",")}\tcircuit: ${p.circuitState}\n`);
         }
       } catch (error) {
-        reportError(error, io);
-        process.exitCode = 1;
+        process.exitCode = reportError(io.err, "images providers", callError(error), connectionContext(options));
       }
     });
 
-  images
-    .command("capabilities")
-    .description("print a provider's effective capabilities as JSON")
-    .option("--provider <name>", "provider (default: the server's default)")
-    .option("--model <name>", "model")
-    .addOption(addrOption())
-    .addOption(tlsOption())
-    .addOption(caOption())
-    .action(async (options: ConnectionOptions & { provider?: string; model?: string }) => {
-      const client = createClient(ImageService, clientTransport(options));
-      try {
-        const response = await client.getCapabilities({ provider: options.provider ?? "", model: options.model ?? "" });
-        const capabilities = response.capabilities ?? create(ProviderCapabilitiesSchema);
-        io.out.write(`${JSON.stringify(toJson(ProviderCapabilitiesSchema, capabilities), null, 2)}\n`);
-      } catch (error) {
-        reportError(error, io);
-        process.exitCode = 1;
-      }
-    });
+  withConnectionOptions(
+    images
+      .command("capabilities")
+      .description("print a provider's effective capabilities as JSON")
+      .option("--provider <name>", "provider (default: the server's default)")
+      .option("--model <name>", "model"),
+  ).action(async (options: ConnectionOptions & { provider?: string; model?: string }) => {
+    try {
+      const response = await createClient(ImageService, clientTransport(options)).getCapabilities({ provider: options.provider ?? "", model: options.model ?? "" });
+      const capabilities = response.capabilities ?? create(ProviderCapabilitiesSchema);
+      io.out.write(`${JSON.stringify(toJson(ProviderCapabilitiesSchema, capabilities), null, 2)}\n`);
+    } catch (error) {
+      process.exitCode = reportError(io.err, "images capabilities", callError(error), connectionContext(options));
+    }
+  });
   return images;
 }

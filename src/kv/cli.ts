@@ -1,4 +1,6 @@
-import { Command, InvalidArgumentError } from "commander";
+import { Code } from "@connectrpc/connect";
+import { Command, InvalidArgumentError, Option } from "commander";
+import { CliError, reportError, snakeCodeName, withExitCodes } from "../rpc/index.js";
 import { DEFAULT_CKF_CONFIG, locateKey, MAX_RELAY_BUCKET_COUNT } from "./ckf/index.js";
 import { computeBlockHashForSeq, computeSaltHash, computeSeqHashForBlock, KvHashError } from "./hash/index.js";
 
@@ -54,11 +56,12 @@ interface LocateOptions {
  * routing decision. `hash` prints a token sequence's block hashes and
  * sequence hashes; `locate` prints where a sequence hash sits in a Cuckoo
  * filter. u64 values print in decimal (as decimal strings with --json, so
- * that no JSON reader rounds them). Exit codes: 0 done, 1 bad input.
+ * that no JSON reader rounds them). Exit codes: 0 done, 1 input the hash
+ * refuses, 2 a usage error (a malformed token, block size, bucket count or key).
  */
 export function kvCommand(io: KvCliIo = { out: process.stdout, err: process.stderr }): Command {
   const kv = new Command("kv").description("KV routing by hand: block and sequence hashes, where a key sits in the Cuckoo filter, and replaying router events into a relay pool");
-  kv.command("hash")
+  const hash = kv.command("hash")
     .description("print the block hashes and the sequence hashes of a token sequence (complete blocks only)")
     .requiredOption("--block-size <n>", "tokens per KV block", parseCount("--block-size", 1, 0xffff_ffff))
     .option("--lora <name>", "the canonical LoRA adapter name that salts the hashes (never an alias)")
@@ -73,8 +76,7 @@ export function kvCommand(io: KvCliIo = { out: process.stdout, err: process.stde
         blocks = computeBlockHashForSeq(tokens, o.blockSize, options);
       } catch (err) {
         if (!(err instanceof KvHashError)) throw err;
-        io.err.write(`mmgate kv hash: ${err.message}\n`);
-        process.exitCode = 1;
+        process.exitCode = reportError(io.err, "kv hash", new CliError(snakeCodeName(Code.InvalidArgument), err.message, { cause: err }));
         return;
       }
       const sequence = computeSeqHashForBlock(blocks);
@@ -100,6 +102,7 @@ export function kvCommand(io: KvCliIo = { out: process.stdout, err: process.stde
       io.out.write(`${"block".padEnd(6)}${"tokens".padEnd(14)}${"block hash".padEnd(22)}sequence hash\n`);
       for (const r of rows) io.out.write(`${String(r.index).padEnd(6)}${`${r.first}..${r.last}`.padEnd(14)}${String(r.blockHash).padEnd(22)}${r.sequenceHash}\n`);
     });
+  withExitCodes(hash, { 1: "the hash refuses the input" });
   kv.command("locate")
     .description("print where a sequence hash sits in a Cuckoo filter: the mixed hash, its fingerprint and its two buckets")
     .requiredOption("--buckets <n>", "the filter's bucket count (a power of two from 2)", (text) => {
@@ -107,7 +110,12 @@ export function kvCommand(io: KvCliIo = { out: process.stdout, err: process.stde
       if ((n & (n - 1)) !== 0) throw new InvalidArgumentError(`--buckets must be a power of two, not ${n}`);
       return n;
     })
-    .option("--seed <u64>", "the filter's seed", (text) => parseU64(text, "--seed"), DEFAULT_CKF_CONFIG.seed)
+    // A bigint default needs its text: help would otherwise fail to print it.
+    .addOption(
+      new Option("--seed <u64>", "the filter's seed")
+        .default(DEFAULT_CKF_CONFIG.seed, `0x${DEFAULT_CKF_CONFIG.seed.toString(16).toUpperCase()}`)
+        .argParser((text) => parseU64(text, "--seed")),
+    )
     .option("--json", "one JSON object; u64 values as decimal strings")
     .argument("<key>", "the sequence hash (u64, decimal or 0x-hex)", (text) => parseU64(text, "the key"))
     .action((key: bigint, o: LocateOptions) => {

@@ -1,9 +1,9 @@
 import { once } from "node:events";
 import { open, readFile, rm } from "node:fs/promises";
 import { Command, InvalidArgumentError, Option } from "commander";
-import { ConnectError, createClient } from "@connectrpc/connect";
+import { Code, createClient } from "@connectrpc/connect";
 import { MediaService, type TensorInfo } from "../../gen/mmgate/media/v1/media_pb.js";
-import { addrOption, caOption, clientTransport, tlsOption, tokenOption, type ConnectionOptions } from "../rpc/index.js";
+import { clientTransport, CliError, connectionContext, type ConnectionOptions, EXIT, ioError, reportError, snakeCodeName, tokenOption, withConnectionOptions, withExitCodes } from "../rpc/index.js";
 import { decoderLimits, fetchPolicy, mediaConfigSchema, videoDecoderConfig } from "./config.js";
 import { metadataJson } from "./descriptor.js";
 import { MediaError } from "./errors.js";
@@ -57,10 +57,23 @@ function print(f: Facts, json: boolean): void {
   process.stdout.write(`${json ? factsJson(f) : factsText(f)}\n`);
 }
 
-function fail(error: unknown): void {
-  const message = error instanceof ConnectError ? error.rawMessage : error instanceof Error ? error.message : String(error);
-  process.stderr.write(`mmgate media: ${message}\n`);
-  process.exitCode = 1;
+/**
+ * Reports a media command's failure: a media error under the gRPC code the
+ * service would answer it with (its own code first in the message), a file
+ * that cannot be read as `io`, a failed call as the call's code.
+ */
+function fail(command: string, error: unknown, connection?: ConnectionOptions): void {
+  let reported = error;
+  if (error instanceof MediaError) reported = new CliError(snakeCodeName(error.status), `${error.code}: ${error.message}`, { cause: error });
+  else if (error instanceof Error && typeof (error as NodeJS.ErrnoException).code === "string" && (error as NodeJS.ErrnoException).syscall !== undefined) {
+    reported = ioError(error.message, error);
+  }
+  process.exitCode = reportError(process.stderr, `media ${command}`, reported, connection ? connectionContext(connection) : {});
+}
+
+/** A read that ended short or out of order: the server's answer cannot be trusted. */
+function dataLoss(message: string): CliError {
+  return new CliError(snakeCodeName(Code.DataLoss), message);
 }
 
 function metadataFromProto(info: TensorInfo | undefined): DecodedMediaMetadata | null {
@@ -235,7 +248,7 @@ async function readTensor(handle: bigint, opts: ReadOpts): Promise<bigint> {
   let total: bigint | undefined;
   try {
     for await (const chunk of client.readTensor({ handle })) {
-      if (chunk.offset !== written) throw new Error(`the server sent bytes at ${chunk.offset}, expected ${written}`);
+      if (chunk.offset !== written) throw dataLoss(`the server sent bytes at ${chunk.offset}, expected ${written}`);
       total = chunk.totalSize;
       if (file) {
         await file.write(chunk.data);
@@ -245,7 +258,7 @@ async function readTensor(handle: bigint, opts: ReadOpts): Promise<bigint> {
       written += BigInt(chunk.data.length);
     }
     // An empty tensor answers with no chunks at all.
-    if (total !== undefined && written !== total) throw new Error(`the stream ended after ${written} of ${total} bytes`);
+    if (total !== undefined && written !== total) throw dataLoss(`the stream ended after ${written} of ${total} bytes`);
     await file?.close();
     return written;
   } catch (error) {
@@ -261,13 +274,12 @@ async function readTensor(handle: bigint, opts: ReadOpts): Promise<bigint> {
 export function mediaCommand(): Command {
   const media = new Command("media").description("decode images and videos to tensors and compute canonical content hashes");
 
-  media
-    .command("decode")
-    .description("decode an image or video file or URL; by default on the server at --addr, or in this process with --local")
-    .argument("<file|url>", "image or video (MP4, MOV, MKV, WebM) file, or an http(s) or data URL")
-    .addOption(addrOption())
-    .addOption(tlsOption())
-    .addOption(caOption())
+  withConnectionOptions(
+    media
+      .command("decode")
+      .description("decode an image or video file or URL; by default on the server at --addr, or in this process with --local")
+      .argument("<file|url>", "image or video (MP4, MOV, MKV, WebM) file, or an http(s) or data URL"),
+  )
     .option("--local", "decode in this process with the default limits and URL policy")
     .option("--json", "print one JSON object (u64 values as decimal strings)")
     .option("--force-rgb", "always three channels")
@@ -281,7 +293,7 @@ export function mediaCommand(): Command {
       try {
         print(opts.local ? await decodeLocally(source, opts) : await decodeRemotely(source, opts), opts.json === true);
       } catch (error) {
-        fail(error);
+        fail("decode", error, opts.local ? undefined : opts);
       }
     });
 
@@ -297,34 +309,32 @@ export function mediaCommand(): Command {
       try {
         print(await hashFacts(opts), opts.json === true);
       } catch (error) {
-        fail(error);
+        fail("hash", error);
       }
     });
 
-  media
-    .command("read")
-    .description("stream a stored tensor's bytes (ReadTensor) to --out FILE or stdout; exits 0 when all bytes arrived, 1 otherwise")
-    .argument("<handle>", "tensor handle (decimal u64, from decode --store)", parseHandle)
-    .addOption(addrOption())
-    .addOption(tlsOption())
-    .addOption(caOption())
+  withConnectionOptions(
+    media
+      .command("read")
+      .description("stream a stored tensor's bytes (ReadTensor) to --out FILE or stdout; exits 0 when all bytes arrived, 1 otherwise")
+      .argument("<handle>", "tensor handle (decimal u64, from decode --store)", parseHandle),
+  )
     .option("--out <file>", "write the bytes to FILE (removed again if the read fails) instead of stdout")
     .action(async (handle: bigint, opts: ReadOpts) => {
       try {
         const written = await readTensor(handle, opts);
-        if (opts.out !== undefined) process.stderr.write(`mmgate media: wrote ${written} bytes to ${opts.out}\n`);
+        if (opts.out !== undefined) process.stderr.write(`mmgate media read: wrote ${written} bytes to ${opts.out}\n`);
       } catch (error) {
-        fail(error);
+        fail("read", error, opts);
       }
     });
 
-  media
-    .command("release")
-    .description("drop a stored tensor (ReleaseTensor, mutating: --token); exits 0 when released, 3 when the handle was unknown, 1 when the call failed")
-    .argument("<handle>", "tensor handle (decimal u64)", parseHandle)
-    .addOption(addrOption())
-    .addOption(tlsOption())
-    .addOption(caOption())
+  const release = withConnectionOptions(
+    media
+      .command("release")
+      .description("drop a stored tensor (ReleaseTensor, mutating: --token); exits 0 when released, 3 when the handle was unknown, 1 when the call failed")
+      .argument("<handle>", "tensor handle (decimal u64)", parseHandle),
+  )
     .addOption(tokenOption())
     .option("--json", "print one JSON object (u64 values as decimal strings)")
     .action(async (handle: bigint, opts: ConnectionOptions & { token?: string; json?: boolean }) => {
@@ -336,11 +346,12 @@ export function mediaCommand(): Command {
             ? `${JSON.stringify({ handle: String(handle), released: res.released })}\n`
             : `${handle} ${res.released ? "released" : "unknown (already released or expired)"}\n`,
         );
-        if (!res.released) process.exitCode = 3;
+        if (!res.released) process.exitCode = EXIT.partial;
       } catch (error) {
-        fail(error);
+        fail("release", error, opts);
       }
     });
+  withExitCodes(release, { [EXIT.ok]: "released", [EXIT.partial]: "the handle was unknown (already released or expired)" });
 
   return media;
 }

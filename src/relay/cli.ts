@@ -1,4 +1,6 @@
+import { Code } from "@connectrpc/connect";
 import { Command, InvalidArgumentError } from "commander";
+import { CliError, reportError, snakeCodeName, usageError, withExitCodes } from "../rpc/index.js";
 import { parseU64 } from "../kv/index.js";
 import { toJson, type JsonValue } from "@bufbuild/protobuf";
 import { Cbi1FrameSchema, type Cbi1Frame as Cbi1FrameMessage } from "../../gen/mmgate/kvrelay/v1/cbi1_pb.js";
@@ -97,23 +99,26 @@ interface DecodeOptions {
  * and `encode-snapshot` print frames as hex, one per line; `decode` prints a
  * frame's header and body as one JSON object (u64 values as decimal strings)
  * or, for a frame the codec refuses, the typed error as JSON on stdout and a
- * line on stderr. Integers are decimal or 0x-hex. Exit codes: 0 done, 1 bad
- * input or a refused frame.
+ * line on stderr. Integers are decimal or 0x-hex. Exit codes: 0 done, 1 a
+ * frame or input the codec refuses, 2 a usage error (malformed or
+ * inconsistent options and operands).
  */
 export function cbi1Command(io: Cbi1CliIo = { out: process.stdout, err: process.stderr }): Command {
   const cbi1 = new Command("cbi1").description("the CBI1 relay frame codec by hand: encode deltas and snapshot chunks as hex, decode hex frames to JSON");
 
-  const fail = (command: string, message: string) => {
-    io.err.write(`mmgate cbi1 ${command}: ${message}\n`);
-    process.exitCode = 1;
+  const fail = (command: string, err: unknown) => {
+    process.exitCode = reportError(io.err, `cbi1 ${command}`, err);
   };
-  /** Runs an encoder; a Cbi1Error (input the codec refuses) is a usage error, anything else a bug. */
+  /** Input the codec refuses: invalid_argument, the codec's own code first in the message. */
+  const refused = (err: Cbi1Error) =>
+    new CliError(snakeCodeName(Code.InvalidArgument), `${err.code}${err.formatKind !== undefined ? ` (${err.formatKind})` : ""}: ${err.message}`, { cause: err });
+  /** Runs an encoder; a Cbi1Error is input the codec refuses, anything else a bug. */
   const encoding = (command: string, fn: () => void) => {
     try {
       fn();
     } catch (err) {
       if (!(err instanceof Cbi1Error)) throw err;
-      fail(command, `${err.code}: ${err.message}`);
+      fail(command, refused(err));
     }
   };
   const formatOptions = (command: Command, base: boolean) => {
@@ -131,7 +136,7 @@ export function cbi1Command(io: Cbi1CliIo = { out: process.stdout, err: process.
       const list = images ?? [];
       const outside = list.find((image) => image.bucket >= o.buckets);
       if (outside !== undefined) {
-        fail("encode-delta", `image "${outside.bucket}:${outside.value}": bucket ${outside.bucket} is outside 0..${o.buckets - 1} (--buckets ${o.buckets})`);
+        fail("encode-delta", usageError(`image "${outside.bucket}:${outside.value}": bucket ${outside.bucket} is outside 0..${o.buckets - 1} (--buckets ${o.buckets})`));
         return;
       }
       encoding("encode-delta", () => {
@@ -143,7 +148,7 @@ export function cbi1Command(io: Cbi1CliIo = { out: process.stdout, err: process.
     .argument("<word...>", "the bucket words (u64) of buckets 0..N-1 in order, exactly --buckets of them", parseWord)
     .action((words: bigint[], o: FormatOptions) => {
       if (words.length !== o.buckets) {
-        fail("encode-snapshot", `--buckets ${o.buckets} needs exactly ${o.buckets} words (buckets 0..${o.buckets - 1} in order), got ${words.length}`);
+        fail("encode-snapshot", usageError(`--buckets ${o.buckets} needs exactly ${o.buckets} words (buckets 0..${o.buckets - 1} in order), got ${words.length}`));
         return;
       }
       encoding("encode-snapshot", () => {
@@ -165,14 +170,15 @@ export function cbi1Command(io: Cbi1CliIo = { out: process.stdout, err: process.
     .option("--json", "print the protobuf JSON of mmgate.kvrelay.v1.Cbi1Frame (the default, and the only form)")
     .action(async (hexArg: string | undefined, o: DecodeOptions) => {
       if ((o.seed === undefined) !== (o.buckets === undefined)) {
-        fail("decode", "--seed and --buckets go together: give both to check the frame's format, or neither to take it from the frame");
+        fail("decode", usageError("--seed and --buckets go together: give both to check the frame's format, or neither to take it from the frame"));
         return;
       }
       let frame: Uint8Array;
       try {
         frame = parseHex(hexArg === undefined || hexArg === "-" ? await readAll(io.in ?? process.stdin) : hexArg);
       } catch (err) {
-        fail("decode", err instanceof Error ? err.message : String(err));
+        // Text that is no hex frame, from the operand or stdin alike: input, not a usage error.
+        fail("decode", new CliError(snakeCodeName(Code.InvalidArgument), err instanceof Error ? err.message : String(err)));
         return;
       }
       try {
@@ -182,8 +188,9 @@ export function cbi1Command(io: Cbi1CliIo = { out: process.stdout, err: process.
         if (!(err instanceof Cbi1Error)) throw err;
         const error = { code: err.code, ...(err.formatKind !== undefined ? { formatKind: err.formatKind } : {}), message: err.message, details: err.details };
         io.out.write(`${json({ error })}\n`);
-        fail("decode", `${err.code}${err.formatKind !== undefined ? ` (${err.formatKind})` : ""}: ${err.message}`);
+        fail("decode", refused(err));
       }
     });
+  for (const command of cbi1.commands) withExitCodes(command, { 1: "the codec refuses the frame or the input (decode prints the typed error as JSON too)" });
   return cbi1;
 }

@@ -5,16 +5,16 @@
  * KvEventService.Publish, and prints the relay's summary. Lines are read and
  * sent as they come, in batches, so a file of any length streams through in
  * bounded memory. Exit codes: 0 every event applied, 1 bad input or the call
- * failed, 2 the relay rejected some events.
+ * failed, 2 a usage error, 3 the relay rejected some events.
  */
 import { createReadStream } from "node:fs";
 import { createInterface } from "node:readline";
 import { create } from "@bufbuild/protobuf";
-import { createClient } from "@connectrpc/connect";
+import { Code, createClient } from "@connectrpc/connect";
 import { Command, InvalidArgumentError } from "commander";
+import { clientTransport, CliError, connectionContext, type ConnectionOptions, EXIT, ioError, reportError, snakeCodeName, tokenOption, withConnectionOptions, withExitCodes } from "../rpc/index.js";
 import { KvEventService, PublishRequestSchema, RouterEventSchema, type PublishRequest, type RouterEvent as WireRouterEvent } from "../../gen/mmgate/kvevents/v1/kvevents_pb.js";
 import { routerEventFromJson, RouterEventJsonError, type RouterEvent } from "../kv/index.js";
-import { clientTransport, tokenOption, withConnectionOptions, type ConnectionOptions } from "../rpc/index.js";
 
 export interface PublishCliIo {
   readonly out: { write(text: string): unknown };
@@ -44,7 +44,7 @@ export function routerEventToWire(event: RouterEvent): WireRouterEvent {
   });
 }
 
-type Options = ConnectionOptions & { pool: string; token?: string; batch: number; timeout: number };
+type Options = ConnectionOptions & { pool: string; token?: string; batch: number };
 
 function positive(what: string, max: number) {
   return (text: string): number => {
@@ -55,16 +55,18 @@ function positive(what: string, max: number) {
 }
 
 export function kvPublishCommand(io: PublishCliIo = { out: process.stdout, err: process.stderr, stdin: process.stdin }): Command {
-  return withConnectionOptions(
+  const command = withConnectionOptions(
     new Command("publish")
       .description("replay router events (the reference's JSON, one per line, from FILE or - for stdin) into a relay pool")
       .argument("<file>", "JSON lines file, or - for standard input")
       .requiredOption("--pool <name>", "the relay pool to publish to (the embedded default is \"default\")")
-      .option("--batch <n>", "events per message", positive("--batch", 65_536), 1024)
-      .option("--timeout <ms>", "deadline for the whole stream (0: none)", positive("--timeout", 2_147_483_647), 600_000),
+      .option("--batch <n>", "events per message", positive("--batch", 65_536), 1024),
   )
     .addOption(tokenOption())
     .action(async (file: string, o: Options) => {
+      const fail = (err: unknown) => {
+        process.exitCode = reportError(io.err, "kv publish", err, connectionContext(o));
+      };
       const input: NodeJS.ReadableStream = file === "-" ? (io.stdin ?? process.stdin) : createReadStream(file);
       const lines = createInterface({ input, crlfDelay: Infinity });
       let inputError: Error | undefined;
@@ -106,15 +108,15 @@ export function kvPublishCommand(io: PublishCliIo = { out: process.stdout, err: 
           sent += events.length;
         }
       }
-      const client = createClient(KvEventService, clientTransport(o));
       const headers = o.token ? { authorization: `Bearer ${o.token}` } : undefined;
       try {
-        const summary = await client.publish(requests(), { headers, timeoutMs: o.timeout });
+        const client = createClient(KvEventService, clientTransport(o));
+        const summary = await client.publish(requests(), headers ? { headers } : {});
         if (inputError !== undefined) throw inputError;
         if (badLine !== undefined) {
           // The events before the bad line went through; say so, and what stopped the rest.
-          io.err.write(`mmgate kv publish: ${badLine.message}; the ${sent} events before it were published, the rest were not sent\n`);
-          process.exitCode = 1;
+          const message = `${badLine.message}; the ${sent} events before it were published, the rest were not sent`;
+          fail(new CliError(snakeCodeName(Code.InvalidArgument), message, { cause: badLine }));
           return;
         }
         io.out.write(
@@ -128,13 +130,17 @@ export function kvPublishCommand(io: PublishCliIo = { out: process.stdout, err: 
             rejections: summary.rejections.map((r) => ({ index: r.index.toString(), code: r.code, message: r.message })),
           })}\n`,
         );
-        if (summary.rejected > 0n) process.exitCode = 2;
+        if (summary.rejected > 0n) process.exitCode = EXIT.partial;
       } catch (err) {
         if (!(err instanceof Error)) throw err;
-        io.err.write(`mmgate kv publish: ${inputError !== undefined ? `cannot read ${file}: ${inputError.message}` : err.message}\n`);
-        process.exitCode = 1;
+        fail(inputError !== undefined ? ioError(`cannot read ${file}: ${inputError.message}`, inputError) : err);
       } finally {
         lines.close();
       }
     });
+  return withExitCodes(command, {
+    [EXIT.ok]: "every event applied",
+    [EXIT.failure]: "a line is no router event (the events before it were published), the file could not be read, or the call failed",
+    [EXIT.partial]: "the relay rejected some events (the summary lists them)",
+  });
 }

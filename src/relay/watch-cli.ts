@@ -13,13 +13,14 @@
  * watch whose catalog stream was open, or on a clean end; 1 when the relay
  * refused the contract, when --timeout ended with the relay unreachable
  * (its last error is named), when --once timed out before every pool was
- * ready, or when --once found a pool quarantined; 130 after Ctrl-C.
+ * ready, or when --once found a pool quarantined; 2 a usage error; 130
+ * after Ctrl-C.
  */
 import { MultiBar, Presets, type SingleBar } from "cli-progress";
+import { Code } from "@connectrpc/connect";
 import { Command, InvalidArgumentError, Option } from "commander";
-import { caOption, clientTransport, tlsOption } from "../rpc/index.js";
+import { caOption, clientTransport, CliError, connectionContext, plainMessage, reportError, reportWarning, snakeCodeName, timeoutOption, tlsMismatch, tlsOption, withExitCodes } from "../rpc/index.js";
 import { hostPort } from "../server/index.js";
-import { MAX_TIMER_MS } from "../util/index.js";
 import { FilterUpdateKind, FilterUpdateKindSchema, type FilterUpdate } from "../../gen/dynamo/kvrelay/v1/relay_pb.js";
 import { FilterFormat } from "./cbi1/index.js";
 import { cbi1FrameJson } from "./cli.js";
@@ -52,12 +53,6 @@ const STATUS_INTERVAL_MS = 1000;
 
 /** Exit code after Ctrl-C. */
 const INTERRUPTED = 130;
-
-function milliseconds(text: string): number {
-  const n = Number(text);
-  if (!/^[0-9]+$/.test(text) || n > MAX_TIMER_MS) throw new InvalidArgumentError(`an integer from 0 to ${MAX_TIMER_MS}`);
-  return n;
-}
 
 function subscriberIdArg(text: string): string {
   try {
@@ -100,7 +95,7 @@ function jsonLine(value: unknown): string {
 }
 
 function failureText(error: ConsumerFailure): string {
-  return error.message === "" ? error.reason : `${error.reason}: ${error.message}`;
+  return error.message === "" ? error.reason : `${error.reason}: ${plainMessage(error.message)}`;
 }
 
 /** A pool as the catalog describes it, for --json. */
@@ -197,12 +192,13 @@ export async function watchRelay(addr: string, o: WatchOptions, io: WatchCliIo):
   const decoded = o.decoded === true;
   const bars = new SnapshotBars(io, !json && (io.progress ?? process.stderr.isTTY === true), io.outIsTerminal ?? process.stdout.isTTY === true);
   const controller = new AbortController();
-  let outcome: { code: number; message?: string } | undefined;
-  const finish = (code: number, message?: string) => {
+  let outcome: { code: number; error?: CliError } | undefined;
+  const finish = (code: number, error?: CliError) => {
     if (outcome !== undefined) return;
-    outcome = message === undefined ? { code } : { code, message };
+    outcome = error === undefined ? { code } : { code, error };
     controller.abort();
   };
+  const tlsContext = context(addr, o);
 
   /** Short pool labels, "[1]", "[2]", ... in the order pools first appear. */
   const labels = new Map<string, string>();
@@ -252,7 +248,7 @@ export async function watchRelay(addr: string, o: WatchOptions, io: WatchCliIo):
       }
       case "catalog-error": {
         const text = failureText(event.error);
-        if (text !== lastCatalogError) io.err.write(`mmgate relay watch: ${addr}: catalog stream: ${text}; retrying\n`);
+        if (text !== lastCatalogError) reportWarning(io.err, COMMAND, `${addr}: catalog stream: ${text}; retrying`);
         lastCatalogError = text;
         return;
       }
@@ -289,7 +285,7 @@ export async function watchRelay(addr: string, o: WatchOptions, io: WatchCliIo):
     if (!pools.every((p) => p.state === "ready" || p.state === "quarantined")) return;
     const quarantined = pools.filter((p) => p.state === "quarantined");
     if (quarantined.length === 0) finish(0);
-    else finish(1, `${quarantined.map((p) => `pool ${p.key} is quarantined: ${p.lastError?.message ?? "unsupported"}`).join("; ")}`);
+    else finish(1, new CliError(snakeCodeName(Code.FailedPrecondition), quarantined.map((p) => `pool ${p.key} is quarantined: ${p.lastError?.message ?? "unsupported"}`).join("; ")));
   };
 
   let lastTick = performance.now();
@@ -325,7 +321,8 @@ export async function watchRelay(addr: string, o: WatchOptions, io: WatchCliIo):
     const catalog = consumer.catalog();
     if (!catalog.connected) {
       const last = catalog.lastError === undefined ? "no catalog arrived" : failureText(catalog.lastError);
-      finish(1, `could not reach relay ${addr} within ${o.timeout} ms: ${last}`);
+      const mismatch = tlsMismatch(last, tlsContext);
+      finish(1, new CliError(snakeCodeName(Code.Unavailable), `could not reach relay ${addr} within ${o.timeout} ms: ${last}`, { hints: mismatch ? [mismatch.hint] : [] }));
       return;
     }
     if (o.once === true) {
@@ -333,7 +330,7 @@ export async function watchRelay(addr: string, o: WatchOptions, io: WatchCliIo):
         .pools()
         .filter((p) => p.state !== "ready")
         .map((p) => `${p.key} ${p.state}${p.state === "assembling" ? ` ${p.progress.chunksReceived}/${p.progress.chunksExpected}` : ""}`);
-      finish(1, `timed out after ${o.timeout} ms before every pool was ready: ${waiting.join(", ")}`);
+      finish(1, new CliError(snakeCodeName(Code.DeadlineExceeded), `timed out after ${o.timeout} ms before every pool was ready: ${waiting.join(", ")}`));
       return;
     }
     finish(0);
@@ -346,19 +343,21 @@ export async function watchRelay(addr: string, o: WatchOptions, io: WatchCliIo):
   process.once("SIGINT", onSigint);
   try {
     const result = await consumer.run(controller.signal);
-    if (result.stopped === "contract-mismatch") finish(1, `relay ${addr} refused the KV relay contract: ${failureText(result.error)}`);
+    if (result.stopped === "contract-mismatch") finish(1, new CliError(snakeCodeName(Code.FailedPrecondition), `relay ${addr} refused the KV relay contract: ${failureText(result.error)}`));
   } finally {
     for (const timer of timers) clearTimeout(timer);
     process.removeListener("SIGINT", onSigint);
     bars.stop();
   }
   const end = outcome ?? { code: 0 };
-  if (end.message !== undefined) io.err.write(`mmgate relay watch: ${end.message}\n`);
+  if (end.error !== undefined) reportError(io.err, COMMAND, end.error);
   return end.code;
 }
 
+const COMMAND = "relay watch";
+
 export function relayWatchCommand(io: WatchCliIo = { out: process.stdout, err: process.stderr }): Command {
-  return new Command("watch")
+  const command = new Command("watch")
     .description("mirror every pool of a KV relay as a router would, and show the catalog, snapshot progress, delta rates and lag")
     .argument("<addr>", "the relay, HOST:PORT", relayAddress)
     .addOption(tlsOption())
@@ -369,11 +368,24 @@ export function relayWatchCommand(io: WatchCliIo = { out: process.stdout, err: p
       "print every update the mirror accepts as a JSON line: pool, kind, sequences and the CBI1 payload as the protobuf JSON of mmgate.kvrelay.v1.Cbi1Frame (snapshot chunks as their non-zero words)",
     )
     .option("--once", "exit once every pool is ready (0), or when one is quarantined (1)")
-    .addOption(new Option("--timeout <ms>", "stop after this long (0: never); exit 1 if the relay was unreachable, or with --once if a pool is not ready").default(0).argParser(milliseconds))
+    .addOption(timeoutOption("deadline of the watch: stop after this long, in milliseconds or a duration (30s, 5m); 0 for none. Exit 1 if the relay was unreachable, or with --once if a pool is not ready"))
     .addOption(new Option("--subscriber-id <id>", "subscriber_id of the requests (default mmgate-relay-watch-<hostname>)").argParser(subscriberIdArg))
     .action(async (addr: string, o: WatchOptions) => {
-      process.exitCode = await watchRelay(addr, o, io);
+      try {
+        process.exitCode = await watchRelay(addr, o, io);
+      } catch (err) {
+        process.exitCode = reportError(io.err, COMMAND, err, context(addr, o));
+      }
     });
+  return withExitCodes(command, {
+    0: "--once saw every pool ready, or --timeout ended a watch whose relay answered",
+    1: "the relay refused the contract or was unreachable within --timeout, or with --once: a pool quarantined or not ready within --timeout",
+    130: "interrupted (Ctrl-C)",
+  });
+}
+
+function context(addr: string, o: WatchOptions) {
+  return connectionContext({ addr, ...(o.tls !== undefined ? { tls: o.tls } : {}), ...(o.ca !== undefined ? { ca: o.ca } : {}) });
 }
 
 /** `mmgate relay …`. */

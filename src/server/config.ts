@@ -134,6 +134,8 @@ export const hostConfigSchema = z.strictObject({
   log: z
     .strictObject({
       level: z.enum(["fatal", "error", "warn", "info", "debug", "trace", "silent"]).default("info"),
+      /** "json": one JSON object a line; "pretty": readable lines; "auto": pretty when stdout is a terminal, else JSON. */
+      format: z.enum(["auto", "json", "pretty"]).default("auto"),
     })
     .prefault({}),
   shutdown: z
@@ -191,14 +193,19 @@ export interface ConfigSources {
   env?: Record<string, string | undefined>;
   /** `path.to.key` → value, applied last (from flags). */
   overrides?: Record<string, unknown>;
+  /**
+   * The flag that set an override, by its key in `overrides` (`log.level` →
+   * `--log-level`), for error messages; `--set KEY` otherwise.
+   */
+  overrideOrigins?: Readonly<Record<string, string>>;
   /** Told about ignored input, e.g. an MMGATE_* variable that matches no key. */
   onWarning?: (message: string) => void;
 }
 
-/** Raw config plus where each overridden path came from, for error messages. */
+/** Raw config plus where each value came from, for error messages. */
 export interface RawConfig {
   readonly values: Record<string, unknown>;
-  /** `path.to.key` → "MMGATE_X" or "--set path.to.key". */
+  /** `path.to.key` → the source that set it: "MMGATE_X", "--set path.to.key", a flag such as "--log-level", or the config file's path. */
   readonly origins: ReadonlyMap<string, string>;
 }
 
@@ -209,6 +216,7 @@ const ENV_ALIASES: Record<string, { path: string; raw: boolean }> = {
   MMGATE_ADVERTISE_ADDRESS: { path: "advertiseAddress", raw: true },
   MMGATE_AUTH_TOKEN: { path: "auth.token", raw: true },
   MMGATE_LOG_LEVEL: { path: "log.level", raw: true },
+  MMGATE_LOG_FORMAT: { path: "log.format", raw: true },
   MMGATE_MODULES: { path: "modules", raw: true },
   MMGATE_SERVICES: { path: "modules", raw: true },
   MMGATE_TLS_CERT_FILE: { path: "tls.certFile", raw: true },
@@ -274,6 +282,194 @@ function readConfigFile(file: string): Record<string, unknown> {
   return parsed as Record<string, unknown>;
 }
 
+/** `log.level` → `MMGATE_LOG__LEVEL`, the variable that sets a key (envNameToPath backwards). */
+function pathToEnvName(path: string): string {
+  return `MMGATE_${path
+    .split(".")
+    .map((part) => part.replace(/[A-Z]/g, (c) => `_${c}`).toUpperCase())
+    .join("__")}`;
+}
+
+/** The keys a config may have with a set of modules. */
+export interface ConfigKeyIndex {
+  /** Every dotted key path of the schemas' objects, sections and leaves alike. */
+  readonly paths: ReadonlySet<string>;
+  /** Keys that hold a list of strings or numbers: env and flags may give those as `a,b` or a JSON array. */
+  readonly lists: ReadonlyMap<string, "string" | "number">;
+}
+
+/** The parts of a zod schema's definition that say which keys it has (zod keeps them on `_zod.def`). */
+interface SchemaDef {
+  readonly type: string;
+  readonly shape?: Record<string, unknown>;
+  readonly innerType?: unknown;
+  readonly in?: unknown;
+  readonly out?: unknown;
+  readonly element?: unknown;
+  readonly options?: readonly unknown[];
+  readonly left?: unknown;
+  readonly right?: unknown;
+  readonly getter?: () => unknown;
+  readonly values?: readonly unknown[];
+}
+
+function schemaDef(schema: unknown): SchemaDef | undefined {
+  return (schema as { _zod?: { def?: SchemaDef } } | undefined)?._zod?.def;
+}
+
+/** The definition behind wrappers (default, optional, pipes, lazy), where a value's shape is decided. */
+function unwrapDef(schema: unknown, depth = 0): SchemaDef | undefined {
+  const def = schemaDef(schema);
+  if (def === undefined || depth > 32) return def;
+  switch (def.type) {
+    case "default":
+    case "prefault":
+    case "optional":
+    case "nullable":
+    case "readonly":
+    case "catch":
+    case "nonoptional":
+      return unwrapDef(def.innerType, depth + 1);
+    case "pipe":
+      // z.preprocess pipes a transform into the schema, .transform() the schema into a transform.
+      return unwrapDef(schemaDef(def.in)?.type === "transform" ? def.out : def.in, depth + 1);
+    case "lazy":
+      return unwrapDef(def.getter?.(), depth + 1);
+    default:
+      return def;
+  }
+}
+
+function scalarKind(schema: unknown): "string" | "number" | undefined {
+  const def = unwrapDef(schema);
+  switch (def?.type) {
+    case "string":
+    case "enum":
+    case "template_literal":
+      return "string";
+    case "number":
+      return "number";
+    case "literal":
+      if (def.values?.every((v) => typeof v === "string")) return "string";
+      return def.values?.every((v) => typeof v === "number") ? "number" : undefined;
+    case "union": {
+      const kinds = new Set(def.options?.map(scalarKind));
+      return kinds.size === 1 ? [...kinds][0] : undefined;
+    }
+    default:
+      return undefined;
+  }
+}
+
+function indexSchema(schema: unknown, path: string, paths: Set<string>, lists: Map<string, "string" | "number">, depth = 0): void {
+  const def = unwrapDef(schema);
+  if (def === undefined || depth > 32) return;
+  if (def.type === "object") {
+    for (const [key, child] of Object.entries(def.shape ?? {})) {
+      const at = path === "" ? key : `${path}.${key}`;
+      paths.add(at);
+      indexSchema(child, at, paths, lists, depth + 1);
+    }
+  } else if (def.type === "union") {
+    for (const option of def.options ?? []) indexSchema(option, path, paths, lists, depth + 1);
+  } else if (def.type === "intersection") {
+    indexSchema(def.left, path, paths, lists, depth + 1);
+    indexSchema(def.right, path, paths, lists, depth + 1);
+  } else if (def.type === "array" && path !== "") {
+    const kind = scalarKind(def.element);
+    if (kind !== undefined) lists.set(path, kind);
+  }
+}
+
+/** Every key the host's and these modules' schemas know, and which of them are lists. */
+export function configKeyIndex(modules: readonly ServiceModule[]): ConfigKeyIndex {
+  const paths = new Set<string>(["modules"]);
+  const lists = new Map<string, "string" | "number">([["modules", "string"]]);
+  indexSchema(hostConfigSchema, "", paths, lists);
+  for (const module of modules) {
+    paths.add(module.name);
+    indexSchema(module.configSchema, module.name, paths, lists);
+  }
+  return { paths, lists };
+}
+
+/** Edits (insert, delete, substitute, swap two neighbours) that turn `a` into `b`. */
+function editDistance(a: string, b: string): number {
+  let before: number[] = [];
+  let previous = Array.from({ length: b.length + 1 }, (_, j) => j);
+  for (let i = 1; i <= a.length; i++) {
+    const current = [i];
+    for (let j = 1; j <= b.length; j++) {
+      const cost = a[i - 1] === b[j - 1] ? 0 : 1;
+      let d = Math.min(previous[j]! + 1, current[j - 1]! + 1, previous[j - 1]! + cost);
+      if (i > 1 && j > 1 && a[i - 1] === b[j - 2] && a[i - 2] === b[j - 1]) d = Math.min(d, before[j - 2]! + 1);
+      current.push(d);
+    }
+    before = previous;
+    previous = current;
+  }
+  return previous[b.length]!;
+}
+
+/**
+ * The candidate nearest to `word` (case aside) when it is close enough to be
+ * a typo of it: at most one edit per four characters, three at most.
+ */
+export function nearestName(word: string, candidates: Iterable<string>): string | undefined {
+  const limit = Math.min(3, Math.max(1, Math.floor(word.length / 4)));
+  const lower = word.toLowerCase();
+  let best: string | undefined;
+  let bestDistance = limit + 1;
+  for (const candidate of candidates) {
+    if (candidate === word || Math.abs(candidate.length - word.length) >= bestDistance) continue;
+    const distance = editDistance(lower, candidate.toLowerCase());
+    if (distance < bestDistance) {
+      best = candidate;
+      bestDistance = distance;
+    }
+  }
+  return best;
+}
+
+/** Whether an origin names an environment variable (else a flag or the config file). */
+function isEnvOrigin(origin: string): boolean {
+  return /^[A-Z][A-Z0-9_]*$/.test(origin);
+}
+
+/**
+ * A list setting as the environment or a flag gives it: a JSON array, or a
+ * comma list (`a,b`; "" is the empty list). A lone number or boolean is a
+ * one-item list; anything else is left for the schema to refuse.
+ */
+function listValue(value: unknown, kind: "string" | "number", path: string, origin: string): unknown {
+  if (typeof value === "number" || typeof value === "boolean") return [kind === "string" ? String(value) : value];
+  if (typeof value !== "string") return value;
+  const text = value.trim();
+  if (text.startsWith("[")) {
+    try {
+      return JSON.parse(text) as unknown;
+    } catch (err) {
+      throw new ConfigError("invalid configuration", [
+        `${path}: not a JSON array (${(err as Error).message}); give a comma list a,b or a JSON array ["a","b"] (from ${origin})`,
+      ]);
+    }
+  }
+  return text
+    .split(",")
+    .map((item) => item.trim())
+    .filter((item) => item !== "")
+    .map((item) => (kind === "number" ? parseScalar(item) : item));
+}
+
+/** The dotted paths of the values in a plain object (lists are values). */
+function leafPaths(node: Record<string, unknown>, prefix = ""): string[] {
+  return Object.entries(node).flatMap(([key, value]) => {
+    const path = prefix === "" ? key : `${prefix}.${key}`;
+    const nested = typeof value === "object" && value !== null && !Array.isArray(value) && Object.keys(value).length > 0;
+    return nested ? leafPaths(value as Record<string, unknown>, path) : [path];
+  });
+}
+
 /**
  * Gathers the raw (unvalidated) config from file, env and overrides, in that
  * order. MMGATE_* variables whose first level names no key of the config
@@ -284,6 +480,14 @@ export function gatherRawConfig(sources: ConfigSources, topLevelKeys?: ReadonlyS
   const values = sources.file ? readConfigFile(sources.file) : {};
   const origins = new Map<string, string>();
   const warn = (message: string) => sources.onWarning?.(message);
+  const index = configKeyIndex(modules);
+  /** Sets a value from the environment or a flag: lists from their text, and the path now named by `origin` alone. */
+  const set = (path: string, value: unknown, origin: string) => {
+    const kind = index.lists.get(path);
+    setPath(values, path, kind === undefined ? value : listValue(value, kind, path, origin));
+    for (const earlier of [...origins.keys()]) if (earlier === path || earlier.startsWith(`${path}.`)) origins.delete(earlier);
+    origins.set(path, origin);
+  };
   // `services` was the first name of `modules` (it held module names all
   // along). Each source's old name becomes the new one where it is read, so
   // that later sources still win: a file's `modules` loses to MMGATE_SERVICES.
@@ -296,15 +500,15 @@ export function gatherRawConfig(sources: ConfigSources, topLevelKeys?: ReadonlyS
     }
     delete values.services;
   }
+  // Every value the file holds is named by it until a later source sets it.
+  if (sources.file) for (const path of leafPaths(values)) origins.set(path, sources.file);
   // A module's own names for its keys (the relay's DYN_RELAY_*, say), before
   // MMGATE_* so that the project's own prefix wins when both are set.
   for (const module of modules) {
     for (const [name, key] of Object.entries(module.env ?? {})) {
       const value = sources.env?.[name];
       if (value === undefined) continue;
-      const path = `${module.name}.${key}`;
-      setPath(values, path, parseScalar(value));
-      origins.set(path, name);
+      set(`${module.name}.${key}`, parseScalar(value), name);
     }
   }
   for (const [name, value] of Object.entries(sources.env ?? {})) {
@@ -319,11 +523,11 @@ export function gatherRawConfig(sources: ConfigSources, topLevelKeys?: ReadonlyS
     const alias = ENV_ALIASES[name];
     const path = alias ? alias.path : envNameToPath(name);
     if (topLevelKeys && !topLevelKeys.has(path.split(".", 1)[0]!)) {
-      warn(`${name} is not a config key; left to whatever reads it by name`);
+      const near = nearestName(name, [...Object.keys(ENV_ALIASES), ...[...index.paths].map(pathToEnvName)]);
+      warn(`${name} is not a config key; left to whatever reads it by name${near === undefined ? "" : ` (did you mean ${near}?)`}`);
       continue;
     }
-    setPath(values, path, alias?.raw ? value : parseScalar(value));
-    origins.set(path, name);
+    set(path, alias?.raw ? value : parseScalar(value), name);
   }
   for (const [given, value] of Object.entries(sources.overrides ?? {})) {
     let path = given;
@@ -335,21 +539,62 @@ export function gatherRawConfig(sources: ConfigSources, topLevelKeys?: ReadonlyS
       warn('"services" (--services) is the old name of "modules" (--modules); it still works');
       path = "modules";
     }
-    setPath(values, path, value);
-    origins.set(path, `--set ${given}`);
+    set(path, value, sources.overrideOrigins?.[given] ?? `--set ${given}`);
   }
   return { values, origins };
 }
 
-function formatIssues(error: z.ZodError, prefix: string, origins: ReadonlyMap<string, string>): string[] {
-  return error.issues.map((issue) => {
-    const path = [prefix, ...issue.path.map(String)].filter((p) => p !== "").join(".");
-    // Name the variable or flag that set this field (or the object holding it).
-    let origin: string | undefined;
-    for (const [set, source] of origins) {
-      if (path === set || path.startsWith(`${set}.`) || set.startsWith(`${path}.`)) origin = source;
+/**
+ * The sources of the value at `path`: the one that set it or a key above
+ * it (the latest, most specific), and for a section, those that set keys
+ * inside it.
+ */
+function originsOf(path: string, origins: ReadonlyMap<string, string>): string[] {
+  let own: [string, string] | undefined;
+  const inside: string[] = [];
+  for (const [set, source] of origins) {
+    if (path !== "" && (path === set || path.startsWith(`${set}.`))) {
+      if (own === undefined || set.length >= own[0].length) own = [set, source];
+    } else if (path === "" || set.startsWith(`${path}.`)) {
+      inside.push(source);
     }
-    return `${path || "(root)"}: ${issue.message}${origin ? ` (from ${origin})` : ""}`;
+  }
+  return [...new Set([...(own ? [own[1]] : []), ...inside])];
+}
+
+function fromText(sources: readonly string[]): string {
+  return sources.length > 0 ? ` (from ${sources.join(", ")})` : "";
+}
+
+/**
+ * An unknown key, once per source that set it, under the path that source
+ * used (`--set nope.key` reports `nope.key`), with the nearest known key
+ * (as a variable name for a variable).
+ */
+function unknownKeyIssues(unknown: string, origins: ReadonlyMap<string, string>, index: ConfigKeyIndex): string[] {
+  const bySource = new Map<string, string[]>();
+  for (const [set, source] of origins) {
+    const inside = set === unknown || set.startsWith(`${unknown}.`);
+    if (!inside && !unknown.startsWith(`${set}.`)) continue;
+    bySource.set(source, [...(bySource.get(source) ?? []), inside ? set : unknown]);
+  }
+  if (bySource.size === 0) bySource.set("", [unknown]);
+  return [...bySource].map(([source, paths]) => {
+    const shown = paths.length === 1 ? paths[0]! : unknown;
+    const near = nearestName(shown, index.paths);
+    const hint = near === undefined ? "" : `; did you mean ${isEnvOrigin(source) && source.startsWith("MMGATE_") ? pathToEnvName(near) : near}?`;
+    return `${shown}: unknown key${hint}${fromText(source === "" ? [] : [source])}`;
+  });
+}
+
+function formatIssues(error: z.ZodError, prefix: string, origins: ReadonlyMap<string, string>, index: ConfigKeyIndex): string[] {
+  return error.issues.flatMap((issue) => {
+    const path = [prefix, ...issue.path.map(String)].filter((p) => p !== "").join(".");
+    if (issue.code === "unrecognized_keys") {
+      return issue.keys.flatMap((key) => unknownKeyIssues(path === "" ? key : `${path}.${key}`, origins, index));
+    }
+    // Name the variable, flag or file that set this field (or the section holding it).
+    return [`${path || "(root)"}: ${issue.message}${fromText(originsOf(path, origins))}`];
   });
 }
 
@@ -388,19 +633,21 @@ export function resolveConfig(
   for (const [key, value] of Object.entries(rest)) (known.has(key) ? moduleRaw : hostRaw)[key] = value;
 
   const issues: string[] = [];
+  const index = configKeyIndex(modules);
   const host = hostConfigSchema.safeParse(hostRaw);
-  if (!host.success) issues.push(...formatIssues(host.error, "", origins));
+  if (!host.success) issues.push(...formatIssues(host.error, "", origins, index));
 
   let enabled = [...known.keys()];
   if (listed !== undefined) {
     const list = typeof listed === "string" ? listed.split(",").map((s) => s.trim()).filter(Boolean) : listed;
-    const origin = origins.get(listKey);
-    const from = origin ? ` (from ${origin})` : "";
+    const from = fromText(originsOf(listKey, origins));
     if (!Array.isArray(list) || !list.every((s) => typeof s === "string")) {
       issues.push(`${listKey}: expected a list of module names${from}`);
     } else {
       const unknown = list.filter((s) => !known.has(s));
-      if (unknown.length > 0) issues.push(`${listKey}: unknown module ${unknown.map((s) => `"${s}"`).join(", ")} (known: ${[...known.keys()].join(", ")})${from}`);
+      const near = unknown.map((s) => nearestName(s, known.keys())).filter((s) => s !== undefined);
+      const hint = near.length > 0 ? `; did you mean ${near.map((s) => `"${s}"`).join(", ")}?` : "";
+      if (unknown.length > 0) issues.push(`${listKey}: unknown module ${unknown.map((s) => `"${s}"`).join(", ")}${hint} (known: ${[...known.keys()].join(", ")})${from}`);
       enabled = [...new Set(list)];
     }
   }
@@ -409,7 +656,7 @@ export function resolveConfig(
   for (const module of modules) {
     const parsed = module.configSchema.safeParse(moduleRaw[module.name] ?? {});
     if (parsed.success) sections[module.name] = parsed.data;
-    else issues.push(...formatIssues(parsed.error, module.name, origins));
+    else issues.push(...formatIssues(parsed.error, module.name, origins, index));
   }
 
   if (issues.length > 0 || !host.success) throw new ConfigError("invalid configuration", issues);

@@ -32,7 +32,7 @@ describe("mmgate admin", function () {
   it("config needs the token and prints the redacted configuration", async () => {
     const denied = await runMmgate(["admin", "config", "--addr", server.addr]);
     expect(denied.code).to.equal(1);
-    expect(denied.stderr).to.match(/^mmgate admin: \[unauthenticated\]/);
+    expect(denied.stderr).to.match(/^mmgate admin config: \[unauthenticated\] /);
     const res = await runMmgate(["admin", "config", "--addr", server.addr, "--token", TOKEN, "--json"]);
     expect(res.code, res.stderr).to.equal(0);
     const config = JSON.parse(res.stdout) as { auth: { token: string } };
@@ -56,21 +56,21 @@ describe("mmgate admin", function () {
     expect(unknown.code).to.equal(1);
     expect(unknown.stderr).to.include("unknown service");
     const bad = await runMmgate(["admin", "serving", "maybe", "--addr", server.addr, "--token", TOKEN]);
-    expect(bad.code).to.equal(1);
-    expect(bad.stderr).to.include("expected on or off");
+    expect(bad.code).to.equal(2);
+    expect(bad.stderr).to.match(/^mmgate admin serving: \[usage\] .*expected on or off/);
   });
 
-  it("documents its exit codes and has no drain command", async () => {
+  it("documents its exit codes and lists every command", async () => {
     const help = await runMmgate(["admin", "status", "--help"]);
     expect(help.stdout).to.include("Exit codes:");
     const admin = await runMmgate(["admin", "--help"]);
-    expect(admin.stdout).to.include("status").and.include("config").and.include("serving").and.not.match(/\bdrain\b/);
+    expect(admin.stdout).to.include("status").and.include("config").and.include("serving").and.match(/\bdrain\b/);
   });
 
   it("reports an unreachable server with exit code 1", async () => {
     const res = await runMmgate(["admin", "status", "--addr", "127.0.0.1:1", "--timeout", "2000"]);
     expect(res.code).to.equal(1);
-    expect(res.stderr).to.match(/^mmgate admin: /);
+    expect(res.stderr).to.match(/^mmgate admin status: \[unavailable\] /);
   });
 });
 
@@ -103,5 +103,23 @@ describe("mmgate images providers --json", function () {
     expect(answer.providers.some((p) => p.default === true)).to.equal(true);
     const text = await runMmgate(["images", "providers", "--addr", server.addr]);
     for (const p of answer.providers) expect(text.stdout).to.include(p.name);
+  });
+});
+
+describe("mmgate admin drain", function () {
+  this.timeout(30_000);
+  it("needs the token, then drains the server, which closes", async () => {
+    const server = await startServer({ config: { auth: { token: TOKEN }, shutdown: { graceMs: 2500 } } });
+    try {
+      const denied = await runMmgate(["admin", "drain", "--addr", server.addr]);
+      expect(denied.code).to.equal(1);
+      expect(denied.stderr).to.match(/^mmgate admin drain: \[unauthenticated\] /);
+      const drained = await runMmgate(["admin", "drain", "--addr", server.addr, "--token", TOKEN, "--json"]);
+      expect(drained.code, drained.stderr).to.equal(0);
+      expect(JSON.parse(drained.stdout)).to.deep.equal({ grace_ms: 2500, already_draining: false });
+      await server.host.closed;
+    } finally {
+      await server.close();
+    }
   });
 });

@@ -60,21 +60,21 @@ describe("images: CLI", function () {
     expect(result.err).to.include("[emulated_multi_image_fanout]");
   });
 
-  it("reports best-effort failures and exits with 2", async () => {
+  it("reports best-effort failures and exits with 3 (partly done)", async () => {
     const target = join(dir, "partial");
     const result = await run(["generate", "a dog", "-n", "4", "--out", target, "--addr", server.addr, "--best-effort"]);
-    expect(result.code).to.equal(2);
+    expect(result.code).to.equal(3);
     expect(await readdir(target)).to.deep.equal(["image-0.png", "image-1.png", "image-3.png"]);
     expect(result.out).to.include("2\tFAILED\tupstream: injected reference provider failure");
-    expect(result.err).to.include("warning: some images failed; the others were saved (--best-effort) [partial_output_failure]");
+    expect(result.err).to.include("mmgate images generate: warning: some images failed; the others were saved (--best-effort) [partial_output_failure]");
   });
 
   it("prints typed errors with hints and exits with 1", async () => {
     const result = await run(["generate", "x", "-n", "4", "--out", join(dir, "failed"), "--addr", server.addr]);
     expect(result.code).to.equal(1);
-    expect(result.err).to.match(/^error: upstream: injected reference provider failure/m);
-    expect(result.err).to.include('"outcome":"unknown"');
-    expect(result.err).to.include("hint: ");
+    expect(result.err).to.match(/^mmgate images generate: \[unavailable\] upstream: injected reference provider failure/);
+    expect(result.err).to.match(/^details: .*"outcome":"unknown"/m);
+    expect(result.err).to.match(/^hint: /m);
   });
 
   it("rejects an --out that is a file before any call (exit 2)", async () => {
@@ -93,7 +93,7 @@ describe("images: CLI", function () {
         for (const extra of [[], ["--stream"]]) {
           const result = await run(["generate", "a cat", "--out", out, "--addr", `127.0.0.1:${port}`, ...extra]);
           expect(result.code).to.equal(2);
-          expect(result.err).to.match(/^error: --out .*a-file.*(not a directory|is a file)/m);
+          expect(result.err).to.match(/^mmgate images generate: \[usage\] --out .*a-file.*(not a directory|is a file)/);
           expect(result.out).to.equal("");
         }
       }
@@ -119,7 +119,7 @@ describe("images: CLI", function () {
     await mkdir(join(target, "image-1.png"), { recursive: true });
     const result = await run(["generate", "a cat", "-n", "2", "--out", target, "--addr", server.addr]);
     expect(result.code).to.equal(1);
-    expect(result.err).to.match(/^error: could not write .*image-1\.png/m);
+    expect(result.err).to.match(/^mmgate images generate: \[io\] could not write .*image-1\.png/m);
     const kept = /^kept the 2 image\(s\) in (.+)$/m.exec(result.err)?.[1];
     expect(kept).to.be.a("string");
     expect(kept!.startsWith(join(tmpdir(), "mmgate-images-"))).to.equal(true);
@@ -138,7 +138,7 @@ describe("images: CLI", function () {
     expect(await readdir(one)).to.deep.equal(["image-0.png"]);
     const twelve = join(dir, "n12");
     const result = await run(["generate", "a prompt", "-n", "12", "--out", twelve, "--addr", server.addr, "--best-effort"]);
-    expect(result.code).to.equal(2); // output 2 is injected to fail
+    expect(result.code).to.equal(3); // output 2 is injected to fail
     const expected = Array.from({ length: 12 }, (_, i) => `image-${String(i).padStart(2, "0")}.png`).filter((n) => n !== "image-02.png");
     expect(await readdir(twelve)).to.deep.equal(expected);
     expect(result.out).to.match(/^11\t.*image-11\.png\t/m);
@@ -147,7 +147,7 @@ describe("images: CLI", function () {
   it("removes earlier runs' image and preview files that this run did not write", async () => {
     const target = join(dir, "stale");
     const first = await run(["generate", "a prompt", "-n", "12", "--out", target, "--addr", server.addr, "--best-effort"]);
-    expect(first.code).to.equal(2);
+    expect(first.code).to.equal(3);
     await writeFile(join(target, "image-2.png"), "old"); // looks like a result for the failed output
     await writeFile(join(target, "partial-0-0.png"), "old");
     await writeFile(join(target, "notes.txt"), "mine");
@@ -184,7 +184,7 @@ describe("images: CLI", function () {
     const target = join(dir, "too-many");
     const result = await run(["generate", "a cat", "-n", String(limit + 1), "--out", target, "--addr", server.addr]);
     expect(result.code).to.equal(2);
-    expect(result.err).to.equal(`error: -n ${limit + 1} is above the limit of reference: at most ${limit} image(s) per request\n`);
+    expect(result.err).to.equal(`mmgate images generate: [usage] -n ${limit + 1} is above the limit of reference: at most ${limit} image(s) per request\n`);
     expect(result.out).to.equal("");
     expect(await readdir(target)).to.deep.equal([]);
     // 255 is no longer the bound: a count above it is refused by the same check, not by the parser.
@@ -194,7 +194,7 @@ describe("images: CLI", function () {
   it("says size hints in CLI terms: --normalize, the multiple-of-8 rule, and the size before and after", async () => {
     const strict = await run(["generate", "a cat", "--size", "100x100", "--out", join(dir, "size-strict"), "--addr", server.addr]);
     expect(strict.code).to.equal(1);
-    expect(strict.err).to.match(/^error: unsupported_capability: /m);
+    expect(strict.err).to.match(/^mmgate images generate: \[failed_precondition\] unsupported_capability: /);
     expect(strict.err).to.include("use --normalize");
     expect(strict.err).to.not.include("policies.compatibility");
     expect(strict.err).to.include("hint: --size for reference must be auto, one of 256x256");

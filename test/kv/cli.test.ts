@@ -1,25 +1,11 @@
 import { expect } from "chai";
 import { xxh3 } from "@node-rs/xxhash";
-import { kvCommand } from "../../src/kv/index.js";
+import { runMmgate } from "../support/index.js";
 
-/** Runs `mmgate kv ARGS` in process; its output, error output and exit code. */
+/** Runs `mmgate kv ARGS` in process, as the executable does; its output, error output and exit code. */
 async function kv(...args: string[]): Promise<{ out: string; err: string; code: number }> {
-  let out = "";
-  let err = "";
-  const saved = process.exitCode;
-  process.exitCode = 0;
-  const command = kvCommand({ out: { write: (t: string) => (out += t) }, err: { write: (t: string) => (err += t) } });
-  for (const sub of [command, ...command.commands]) sub.exitOverride().configureOutput({ writeErr: (t) => (err += t), writeOut: (t) => (out += t) });
-  let code: number;
-  try {
-    await command.parseAsync(args, { from: "user" });
-    code = Number(process.exitCode ?? 0);
-  } catch (e) {
-    code = (e as { exitCode?: number }).exitCode ?? 1;
-  } finally {
-    process.exitCode = saved;
-  }
-  return { out, err, code };
+  const { stdout, stderr, code } = await runMmgate(["kv", ...args]);
+  return { out: stdout, err: stderr, code };
 }
 
 const le32 = (tokens: number[]) => {
@@ -107,10 +93,12 @@ describe("mmgate kv", () => {
     ["a key past 2^64 - 1", ["locate", "--buckets", "1024", "18446744073709551616"], /past 2\^64 - 1/],
     ["a negative key", ["locate", "--buckets", "1024", "--", "-1"], /must be a u64/],
   ] as const) {
-    it(`refuses ${name} with exit 1 and a message`, async () => {
-      const { err, code } = await kv(...args);
-      expect(code).to.equal(1);
+    it(`refuses ${name} as a usage error (exit 2) in the one format`, async () => {
+      const { out, err, code } = await kv(...args);
+      expect(code).to.equal(2);
+      expect(err).to.match(/^mmgate kv (hash|locate): \[usage\] /);
       expect(err).to.match(message);
+      expect(out).to.equal("");
     });
   }
 });

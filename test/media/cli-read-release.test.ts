@@ -67,7 +67,7 @@ describe("mmgate media read|release", function () {
     const handle = await store(pattern(4 * 4 * 3), 4, 4);
     const denied = await runMmgate(["media", "release", String(handle), "--addr", server.addr]);
     expect(denied.code).to.equal(1);
-    expect(denied.stderr).to.match(/^mmgate media: /);
+    expect(denied.stderr).to.match(/^mmgate media release: \[unauthenticated\] /);
     const ok = await runMmgate(["media", "release", String(handle), "--addr", server.addr, "--token", TOKEN, "--json"]);
     expect(ok).to.deep.equal({ code: 0, stdout: `${JSON.stringify({ handle: String(handle), released: true })}\n`, stderr: "" });
     const again = await runMmgate(["media", "release", String(handle), "--addr", server.addr, "--token", TOKEN]);
@@ -81,7 +81,7 @@ describe("mmgate media read|release", function () {
     expect(parseHandle("9007199254740993")).to.equal(9007199254740993n);
     for (const bad of ["18446744073709551616", "-1", "0x10", "1.5", ""]) expect(() => parseHandle(bad), bad).to.throw("expected a decimal u64 handle");
     const res = await runMmgate(["media", "read", "18446744073709551616", "--addr", server.addr]);
-    expect(res.code).to.equal(1);
+    expect(res.code).to.equal(2); // a usage error
     expect(res.stderr).to.include("expected a decimal u64 handle");
   });
 });

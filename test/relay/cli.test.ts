@@ -1,9 +1,18 @@
 import { expect } from "chai";
 import { cbi1Command } from "../../src/relay/index.js";
+import { runMmgate } from "../support/index.js";
 import { build, recipe } from "./cbi1-helpers.test.js";
 
-/** Runs `mmgate cbi1 ARGS` in process, with `stdin` as its standard input; its output, error output and exit code. */
+/**
+ * Runs `mmgate cbi1 ARGS` in process, with `stdin` as its standard input; its
+ * output, error output and exit code. Without stdin it runs as the executable
+ * does (usage errors and all); with it, the command alone reads the pieces.
+ */
 async function cbi1(args: string[], stdin: string[] = []): Promise<{ out: string; err: string; code: number }> {
+  if (stdin.length === 0) {
+    const { stdout, stderr, code } = await runMmgate(["cbi1", ...args]);
+    return { out: stdout, err: stderr, code };
+  }
   let out = "";
   let err = "";
   const saved = process.exitCode;
@@ -113,7 +122,7 @@ describe("mmgate cbi1", () => {
     expect(error.code).to.equal("Checksum");
     expect(error.details.expected).to.equal(new DataView(frame.buffer).getUint32(44, true));
     expect(error.details.actual).to.be.a("number").and.not.equal(error.details.expected);
-    expect(err).to.match(/^mmgate cbi1 decode: Checksum: body checksum \d+ is not the header's \d+\n$/);
+    expect(err).to.match(/^mmgate cbi1 decode: \[invalid_argument\] Checksum: body checksum \d+ is not the header's \d+\n$/);
   });
 
   it("a wrong --seed on decode is a Format (Mismatch) error with the u64s as decimal strings", async () => {
@@ -140,25 +149,27 @@ describe("mmgate cbi1", () => {
     expect(decoded.delta).to.deep.equal({ baseEpoch: "0", images: [] });
   });
 
+  // Malformed or inconsistent options and operands are usage errors (2); input that is no frame is invalid_argument (1).
   const base = ["--seed", "1", "--buckets", "8", "--dc", "0", "--epoch", "1"];
-  for (const [name, args, stdin, message] of [
-    ["a bucket past the count", ["encode-delta", ...base, "--base", "0", "8:1"], [], /bucket 8 is outside 0\.\.7 \(--buckets 8\)/],
-    ["a value past u64", ["encode-delta", ...base, "--base", "0", "1:18446744073709551616"], [], /the value 18446744073709551616 is past 2\^64 - 1/],
-    ["an image without a colon", ["encode-delta", ...base, "--base", "0", "17"], [], /image "17" is not BUCKET:VALUE/],
-    ["a bucket that is no u32", ["encode-delta", ...base, "--base", "0", "x:1"], [], /bucket "x" is not a u32/],
-    ["a bucket count that is no power of two", ["encode-delta", "--seed", "1", "--buckets", "1000", "--dc", "0", "--base", "0", "--epoch", "1"], [], /--buckets must be a power of two/],
-    ["a missing --epoch", ["encode-delta", "--seed", "1", "--buckets", "8", "--dc", "0", "--base", "0"], [], /--epoch/],
-    ["too few words", ["encode-snapshot", ...base, "1", "2", "3"], [], /--buckets 8 needs exactly 8 words \(buckets 0\.\.7 in order\), got 3/],
-    ["too many words", ["encode-snapshot", "--seed", "1", "--buckets", "2", "--dc", "0", "--epoch", "1", "1", "2", "3"], [], /needs exactly 2 words .*got 3/],
-    ["a word past u64", ["encode-snapshot", "--seed", "1", "--buckets", "2", "--dc", "0", "--epoch", "1", "1", "0x10000000000000000"], [], /word 1 must be a u64/],
-    ["odd-length hex", ["decode", "abc"], [], /odd number of digits \(3\)/],
-    ["a non-hex character", ["decode", "43 42 4g"], [], /non-hex character "g" at digit 5/],
-    ["empty stdin", ["decode", "-"], [" \n"], /no hex to decode/],
-    ["--seed without --buckets", ["decode", "--seed", "1", "00"], [], /--seed and --buckets go together/],
+  for (const [name, args, stdin, exit, message] of [
+    ["a bucket past the count", ["encode-delta", ...base, "--base", "0", "8:1"], [], 2, /bucket 8 is outside 0\.\.7 \(--buckets 8\)/],
+    ["a value past u64", ["encode-delta", ...base, "--base", "0", "1:18446744073709551616"], [], 2, /the value 18446744073709551616 is past 2\^64 - 1/],
+    ["an image without a colon", ["encode-delta", ...base, "--base", "0", "17"], [], 2, /image "17" is not BUCKET:VALUE/],
+    ["a bucket that is no u32", ["encode-delta", ...base, "--base", "0", "x:1"], [], 2, /bucket "x" is not a u32/],
+    ["a bucket count that is no power of two", ["encode-delta", "--seed", "1", "--buckets", "1000", "--dc", "0", "--base", "0", "--epoch", "1"], [], 2, /--buckets must be a power of two/],
+    ["a missing --epoch", ["encode-delta", "--seed", "1", "--buckets", "8", "--dc", "0", "--base", "0"], [], 2, /--epoch/],
+    ["too few words", ["encode-snapshot", ...base, "1", "2", "3"], [], 2, /--buckets 8 needs exactly 8 words \(buckets 0\.\.7 in order\), got 3/],
+    ["too many words", ["encode-snapshot", "--seed", "1", "--buckets", "2", "--dc", "0", "--epoch", "1", "1", "2", "3"], [], 2, /needs exactly 2 words .*got 3/],
+    ["a word past u64", ["encode-snapshot", "--seed", "1", "--buckets", "2", "--dc", "0", "--epoch", "1", "1", "0x10000000000000000"], [], 2, /word 1 must be a u64/],
+    ["--seed without --buckets", ["decode", "--seed", "1", "00"], [], 2, /--seed and --buckets go together/],
+    ["odd-length hex", ["decode", "abc"], [], 1, /odd number of digits \(3\)/],
+    ["a non-hex character", ["decode", "43 42 4g"], [], 1, /non-hex character "g" at digit 5/],
+    ["empty stdin", ["decode", "-"], [" \n"], 1, /no hex to decode/],
   ] as const) {
-    it(`refuses ${name} with exit 1 and a message`, async () => {
+    it(`refuses ${name} with exit ${exit} and one error line`, async () => {
       const { out, err, code } = await cbi1([...args], [...stdin]);
-      expect(code).to.equal(1);
+      expect(code).to.equal(exit);
+      expect(err).to.match(exit === 2 ? /^mmgate cbi1 [a-z-]+: \[usage\] / : /^mmgate cbi1 decode: \[invalid_argument\] [^\n]*\n$/);
       expect(err).to.match(message);
       expect(out).to.equal("");
     });

@@ -223,7 +223,7 @@ describe("router module: configuration and the module set", () => {
     expect(served.modules).to.not.include("router");
     expect(served).to.not.have.property("router");
     const badRelay = await runMmgate(["router", "--relay", "nope", "--print-config"]);
-    expect(badRelay.code).to.equal(1);
+    expect(badRelay.code).to.equal(2); // a usage error
     expect(badRelay.stderr).to.match(/--relay.*expected HOST:PORT/);
   });
 });

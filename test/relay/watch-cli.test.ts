@@ -125,9 +125,9 @@ describe("mmgate relay watch", function () {
     expect(once.stderr).to.include(`could not reach relay ${addr} within 200 ms`);
   });
 
-  it("refuses a malformed address", async () => {
+  it("refuses a malformed address as a usage error", async () => {
     const res = await runMmgate(["relay", "watch", "not-an-address"]);
-    expect(res.code).to.equal(1);
+    expect(res.code).to.equal(2);
     expect(res.stderr).to.include("expected HOST:PORT");
   });
 });

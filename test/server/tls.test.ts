@@ -39,10 +39,10 @@ describe("TLS", () => {
   it("lets the mmgate CLI reach it with --ca (and refuses an unreadable one clearly)", async () => {
     expect(await runMmgate(["health", "--addr", server.addr, "--ca", caFile])).to.include({ code: 0, stdout: "SERVING\n" });
     const plain = await runMmgate(["health", "--addr", server.addr, "--timeout", "2000"]);
-    expect(plain.code).to.equal(2);
+    expect(plain.code).to.equal(1);
     const badCa = await runMmgate(["images", "providers", "--addr", server.addr, "--ca", "/no/ca.pem"]);
     expect(badCa.code).to.equal(1);
-    expect(badCa.stderr).to.match(/^mmgate: --ca: cannot read \/no\/ca\.pem[^\n]*\n$/);
+    expect(badCa.stderr).to.match(/^mmgate images providers: \[io\] --ca: cannot read \/no\/ca\.pem[^\n]*\n$/);
   });
 
   it("answers an oversized HTTP/1.1 Connect request at once and closes its connection instead of draining the body", async () => {
