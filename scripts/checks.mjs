@@ -1,7 +1,9 @@
 // Runs the static checks of `npm test` side by side (typecheck, eslint,
-// buf lint, the gen check), prints each one's output as a block once it
-// ends, and fails if any failed. Side by side they take about as long as
-// the slowest one instead of the sum.
+// buf lint, the gen check) and the executable's bundle build (so that the
+// tests that spawn bin/mmgate.js run the current sources as a bundle, and a
+// file that breaks the bundle fails here), prints each one's output as a
+// block once it ends, and fails if any failed. Side by side they take about
+// as long as the slowest one instead of the sum.
 import { spawn } from "node:child_process";
 
 const checks = [
@@ -9,6 +11,7 @@ const checks = [
   ["lint", "eslint", ["."]],
   ["lint:proto", "buf", ["lint"]],
   ["check:gen", process.execPath, ["scripts/check-gen.mjs"]],
+  ["build", process.execPath, ["scripts/build-cli.mjs"]],
 ];
 
 const root = new URL("..", import.meta.url).pathname;

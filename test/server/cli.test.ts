@@ -27,7 +27,8 @@ async function traced(dir: string, name: string, args: string[]): Promise<Traced
   const log = join(dir, `${name}.modules`);
   const result = await spawnMmgate(args, {
     nodeArgs: ["--import", `${repoRoot}test/fixtures/loaded-modules.mjs`],
-    env: { MMGATE_TEST_MODULE_LOG: log },
+    // The trace names each source module only when the sources run (the bundle is one file a chunk).
+    env: { MMGATE_TEST_MODULE_LOG: log, MMGATE_FROM_SOURCE: "1" },
   });
   const modules = await readFile(log, "utf8").then(
     (text) => text.split("\n").filter(Boolean),
@@ -64,13 +65,14 @@ describe("the mmgate executable", function () {
       printConfig: CliResult;
       badConfig: CliResult;
       busyPort: CliResult;
+      usage: CliResult;
     };
 
     before(async () => {
       server = await startServer();
       const layers = join(dir, "layers.yaml");
       await writeFile(layers, "listen: 0.0.0.0:6000\nadminListen: ''\nlimits:\n  maxConcurrentStreams: 50\nshutdown:\n  graceMs: 1500\n");
-      const [version, help, health, media, printConfig, badConfig, busyPort] = await Promise.all([
+      const [version, help, health, media, printConfig, badConfig, busyPort, usage] = await Promise.all([
         traced(dir, "version", ["version"]),
         traced(dir, "help", ["--help"]),
         traced(dir, "health", ["health", "--addr", server.addr]),
@@ -88,8 +90,10 @@ describe("the mmgate executable", function () {
           env: { MMGATE_LIMITS__MAX_SEND_MESSAGE_BYTES: "10" },
         }),
         spawnMmgate(["serve", "--listen", server.addr, "--admin-listen", ""]),
+        // Commander ends the process itself for a usage error: the exit code must still be 2.
+        spawnMmgate(["health", "--addr", server.addr, "--bogus"]),
       ]);
-      runs = { version, help, health, media, printConfig, badConfig, busyPort };
+      runs = { version, help, health, media, printConfig, badConfig, busyPort, usage };
     });
     after(() => server?.close());
 
@@ -120,14 +124,14 @@ describe("the mmgate executable", function () {
       expect(config.shutdown).to.deep.equal({ graceMs: 2500 });
       expect(config.auth).to.deep.equal({ token: "<redacted>" });
       expect(res.stdout).to.not.include("a-token-of-sufficient-length").and.not.include("sk-test");
-      expect(res.stderr).to.include("mmgate: warning: MMGATE_OPENAI_API_KEY is not a config key");
+      expect(res.stderr).to.include("mmgate serve: warning: MMGATE_OPENAI_API_KEY is not a config key");
     });
 
     it("serve refuses a bad config with exit code 2, naming each field and where its value came from", () => {
       const res = runs.badConfig;
       expect(res.code).to.equal(2);
       expect(res.stdout).to.equal("");
-      expect(res.stderr).to.match(/^mmgate: invalid configuration/);
+      expect(res.stderr).to.match(/^mmgate serve: \[config\] invalid configuration:\n/);
       expect(res.stderr).to.match(/limits\.maxSendMessageBytes: Too small.*\(from MMGATE_LIMITS__MAX_SEND_MESSAGE_BYTES\)/);
       expect(res.stderr).to.match(/auth\.token: a token cannot contain white space \(from --set auth\.token\)/);
       expect(res.stderr).to.not.match(/\n\s+at /); // no stack trace
@@ -136,8 +140,14 @@ describe("the mmgate executable", function () {
     it("serve names an address already in use and exits 1", () => {
       const res = runs.busyPort;
       expect(res.code).to.equal(1);
-      expect(res.stderr).to.include(`mmgate: cannot listen on ${server.addr}: EADDRINUSE`);
+      expect(res.stderr).to.include(`mmgate serve: [io] cannot listen on ${server.addr}: EADDRINUSE`);
       expect(res.stderr).to.not.match(/\n\s+at /);
+    });
+
+    it("ends a usage error with exit code 2 and the one error format", () => {
+      const res = runs.usage;
+      expect(res).to.include({ code: 2, stdout: "" });
+      expect(res.stderr).to.equal("mmgate health: [usage] unknown option '--bogus'\nhint: see 'mmgate health --help'\n");
     });
   });
 
@@ -168,13 +178,13 @@ describe("the mmgate executable", function () {
       for (const res of [serve, media, images, decode]) expect(res.code).to.equal(0);
     });
 
-    it("prints its version, and refuses an unknown command with exit code 1", async () => {
+    it("prints its version, and refuses an unknown command with exit code 2", async () => {
       const version = await runMmgate(["version"]);
       expect(version).to.include({ code: 0 });
       expect(version.stdout).to.match(/^mmgate \d+\.\d+\.\d+ \(node v\d+/);
       const bogus = await runMmgate(["bogus"]);
-      expect(bogus.code).to.equal(1);
-      expect(bogus.stderr).to.include("unknown command 'bogus'");
+      expect(bogus.code).to.equal(2);
+      expect(bogus.stderr).to.match(/^mmgate: \[usage\] unknown command 'bogus'\n/);
     });
   });
 
@@ -200,17 +210,19 @@ describe("the mmgate executable", function () {
       }
     });
 
-    it("exits 2 for an unknown service or an unreachable server", async () => {
+    it("exits 1 for an unknown service or an unreachable server, naming the code", async () => {
       const unknown = await runMmgate(["health", "--addr", server.addr, "--service", "nope"]);
-      expect(unknown.code).to.equal(2);
-      expect(unknown.stderr).to.match(/^mmgate health: /);
-      expect((await runMmgate(["health", "--addr", "127.0.0.1:1", "--timeout", "2000"])).code).to.equal(2);
+      expect(unknown.code).to.equal(1);
+      expect(unknown.stderr).to.match(/^mmgate health: \[not_found\] /);
+      const unreachable = await runMmgate(["health", "--addr", "127.0.0.1:1", "--timeout", "2000"]);
+      expect(unreachable.code).to.equal(1);
+      expect(unreachable.stderr).to.match(/^mmgate health: \[unavailable\] /);
     });
 
-    it("rejects a malformed --addr", async () => {
+    it("rejects a malformed --addr as a usage error", async () => {
       const res = await runMmgate(["health", "--addr", "http://x"]);
-      expect(res.code).to.equal(1);
-      expect(res.stderr).to.include("expected HOST:PORT");
+      expect(res.code).to.equal(2);
+      expect(res.stderr).to.match(/^mmgate health: \[usage\] .*expected HOST:PORT/);
     });
 
     it("--watch prints each status change until the server ends the stream", async () => {
@@ -280,7 +292,7 @@ describe("the mmgate executable", function () {
     // What `serve` passes for --listen, --services and --set: the flag's value, parsed by --set's rule for --set.
     const invalid: [string, ConfigSources, RegExp][] = [
       ["a bad listen address", { overrides: { listen: "nowhere" } }, /listen: expected HOST:PORT/],
-      ["an unknown key", { overrides: { "limits.bogus": parseScalar("1") } }, /limits: Unrecognized key: "bogus"/],
+      ["an unknown key", { overrides: { "limits.bogus": parseScalar("1") } }, /limits\.bogus: unknown key \(from --set limits\.bogus\)/],
       ["a limit out of range", { env: { MMGATE_LIMITS__MAX_SEND_MESSAGE_BYTES: "10" } }, /limits\.maxSendMessageBytes: Too small.*\(from MMGATE_LIMITS__MAX_SEND_MESSAGE_BYTES\)/],
       ["a short token", { env: { MMGATE_AUTH_TOKEN: "short" } }, /auth\.token: a token needs at least 16 characters \(from MMGATE_AUTH_TOKEN\)/],
       ["a token with white space", { overrides: { "auth.token": parseScalar('"two words, sixteen chars"') } }, /auth\.token: a token cannot contain white space \(from --set auth\.token\)/],
