@@ -6,6 +6,7 @@
  * unknown names); the service validates the request as it does any other.
  */
 import { invalidParam } from "./errors.js";
+import type { Background, InputFidelity, Moderation, OutputFormat, Quality } from "../model.js";
 
 /** Highest `n` any request may carry (the service's ceiling); the provider's advertised limit is checked later. */
 export const MAX_N = 255;
@@ -13,11 +14,12 @@ export const MAX_N = 255;
 export const MAX_PARTIAL_IMAGES = 3;
 
 export type Operation = "generate" | "edit";
-export type QualityName = "auto" | "low" | "medium" | "high";
-export type FormatName = "png" | "jpeg" | "webp";
-export type BackgroundName = "auto" | "opaque" | "transparent";
-export type ModerationName = "auto" | "low";
-export type FidelityName = "low" | "high";
+// OpenAI's names for these are the image model's own.
+export type QualityName = Quality;
+export type FormatName = OutputFormat;
+export type BackgroundName = Background;
+export type ModerationName = Moderation;
+export type FidelityName = InputFidelity;
 export type ResponseFormatName = "b64_json" | "url";
 
 /** A file part of a multipart body. */
