@@ -11,8 +11,12 @@ interface HeaderSink {
  * idempotency key and a request id, which mmgate's own methods read.
  */
 const EXTRA_ALLOWED_HEADERS = ["Authorization", "Idempotency-Key", "X-Request-Id"];
-/** Headers scripts may read beyond connect's list: the request id the server answers with. */
-const EXTRA_EXPOSED_HEADERS = ["X-Request-Id"];
+/** Headers scripts may read beyond connect's list: the request id, a retry hint, an idempotent replay. */
+const EXTRA_EXPOSED_HEADERS = ["X-Request-Id", "Retry-After", "Idempotency-Replayed"];
+/** An HTTP header name (RFC 9110 token); anything else in Access-Control-Request-Headers is not echoed. */
+const HEADER_NAME = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/;
+/** Most header names a preflight's answer echoes (the OpenAI SDKs send about ten of their own). */
+const MAX_REQUESTED_HEADERS = 64;
 
 /** The answer to a preflight: its status and headers, never an RPC. */
 export interface PreflightAnswer {
@@ -61,11 +65,27 @@ export class CorsPolicy {
 
   /** Adds the CORS headers of an actual (not preflight) request from an allowed origin. */
   decorate(headers: Headers, res: HeaderSink): void {
+    if (!this.enabled || headers["origin"] === undefined) return;
     const origin = this.allowedOrigin(headers);
-    if (origin === undefined) return;
+    if (origin === undefined) {
+      // The answer depends on the origin: a shared cache must not hand it to another.
+      res.setHeader("vary", "Origin");
+      return;
+    }
     res.setHeader("access-control-allow-origin", origin);
     res.setHeader("access-control-expose-headers", this.exposeHeaders);
     res.setHeader("vary", "Origin");
+  }
+
+  /**
+   * The allowed request headers: connect's and mmgate's, plus what the
+   * preflight asks for (well-formed names only): clients such as the
+   * OpenAI SDKs send headers of their own, which the server ignores.
+   */
+  private allowHeadersFor(headers: Headers): string {
+    const known = new Set(this.allowHeaders.toLowerCase().split(", "));
+    const extra = requestedHeaders(headers).filter((name) => !known.has(name.toLowerCase()));
+    return extra.length === 0 ? this.allowHeaders : `${this.allowHeaders}, ${extra.join(", ")}`;
   }
 
   /** The answer to an OPTIONS request. */
@@ -78,13 +98,24 @@ export class CorsPolicy {
       headers: {
         "access-control-allow-origin": origin,
         "access-control-allow-methods": this.allowMethods,
-        "access-control-allow-headers": this.allowHeaders,
+        "access-control-allow-headers": this.allowHeadersFor(headers),
         "access-control-max-age": this.maxAge,
         vary: "Origin, Access-Control-Request-Method, Access-Control-Request-Headers",
       },
       outcome: "allowed",
     };
   }
+}
+
+/** Any header CORS lets through in a request may be named in a preflight, so the list is connect's, mmgate's, and what the client asks for. */
+function requestedHeaders(headers: Headers): string[] {
+  const asked = headers["access-control-request-headers"];
+  if (typeof asked !== "string") return [];
+  const names = asked
+    .split(",")
+    .map((name) => name.trim())
+    .filter((name) => name !== "" && HEADER_NAME.test(name));
+  return names.slice(0, MAX_REQUESTED_HEADERS);
 }
 
 function normalizeOrigin(origin: string): string {

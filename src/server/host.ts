@@ -40,6 +40,9 @@ export interface HostOptions {
 
 type NodeReq = http2.Http2ServerRequest | IncomingMessage;
 
+/** How long an HTTP/1.1 connection answered before its request body was read may linger, discarding that body. */
+const UNREAD_BODY_LINGER_MS = 2000;
+
 /** How long supervised tasks get to return once their signal fired. */
 const TASK_STOP_MS = 5000;
 
@@ -143,6 +146,18 @@ function unknownMethod(req: NodeReq, res: NodeRes): void {
   }
 }
 
+/** Whether a request's Origin is this server itself (a page it served), by the Host it was sent to. */
+function sameOrigin(headers: http2.IncomingHttpHeaders): boolean {
+  const origin = headers["origin"];
+  const host = headers[":authority"] ?? headers["host"];
+  if (typeof origin !== "string" || typeof host !== "string") return false;
+  try {
+    return new URL(origin).host === host;
+  } catch {
+    return false;
+  }
+}
+
 /**
  * Once a response has ended, a request body the handler did not read to its
  * end (it was over the size limit, the handler failed early, or it ended a
@@ -155,11 +170,24 @@ function unknownMethod(req: NodeReq, res: NodeRes): void {
  */
 function releaseUnreadRequest(req: NodeReq, res: NodeRes): void {
   if (!("stream" in res)) {
-    // HTTP/1.1 (the TLS port): once the response is out, a connection whose
-    // request body was left unread is closed rather than drained.
+    // HTTP/1.1: a connection whose request body is left unread is closed
+    // rather than drained, and the response says so (`Connection: close`),
+    // so a client's pool never sends its next request on it. The socket is
+    // half-closed first, its unread bytes discarded, so a client still
+    // sending reads the answer rather than a reset; it is destroyed after
+    // UNREAD_BODY_LINGER_MS at the latest.
     const socket = req.socket;
+    const writeHead = res.writeHead.bind(res) as (...args: unknown[]) => ServerResponse;
+    (res as { writeHead: (...args: unknown[]) => ServerResponse }).writeHead = (...args) => {
+      // `complete`: the whole body arrived (read or not; Node discards an unread rest itself).
+      if (!(req as IncomingMessage).complete && !res.headersSent) res.setHeader("connection", "close");
+      return writeHead(...args);
+    };
     res.once("finish", () => {
-      if (!req.readableEnded) setImmediate(() => socket.destroy());
+      if ((req as IncomingMessage).complete) return;
+      req.resume();
+      socket.end();
+      setTimeout(() => socket.destroy(), UNREAD_BODY_LINGER_MS).unref();
     });
     return;
   }
@@ -447,6 +475,9 @@ export async function startHost(options: HostOptions): Promise<Host> {
     draining: () => drainController.signal.aborted,
     shutdownSignal: abortController.signal,
     readMaxBytes: config.limits.maxReceiveMessageBytes,
+    // A browser page from another origin may send a form (no preflight) to a
+    // route that spends quota: refused unless CORS lets that origin in.
+    originAllowed: (headers) => headers["origin"] === undefined || cors.allowedOrigin(headers) !== undefined || sameOrigin(headers),
   });
   handle = (req, res) => {
     if (req.method === "OPTIONS") {
@@ -524,7 +555,7 @@ export async function startHost(options: HostOptions): Promise<Host> {
     "mmgate serving",
   );
   if (config.auth.token === "") {
-    logger.warn("no auth token configured: mutating and admin methods are open to every client");
+    logger.warn("no auth token configured: mutating and admin methods are open to every client (AdminService.Drain is refused until one is)");
   }
 
   let resolveClosed!: () => void;

@@ -49,6 +49,8 @@ export interface HttpRouteTableOptions {
   /** Fires when the server's grace is over: every route's signal fires with it. */
   readonly shutdownSignal: AbortSignal;
   readonly readMaxBytes: number;
+  /** False refuses the request with 403: a browser page from an origin CORS does not allow. */
+  readonly originAllowed?: (headers: NodeReq["headers"]) => boolean;
 }
 
 /**
@@ -85,6 +87,8 @@ export class HttpRouteTable {
     const route = candidates.find((r) => r.method === req.method);
     const name = route?.name ?? candidates[0]!.name;
     const started = performance.now();
+    // Read now: once the client is gone its socket no longer knows it.
+    const peer = peerOf(req.socket);
     res.once("close", () => {
       const seconds = (performance.now() - started) / 1000;
       // A response cut before it ended is logged with the status it had begun, or 499 (client closed).
@@ -97,7 +101,7 @@ export class HttpRouteTable {
           status,
           durationMs: Math.round(seconds * 1e6) / 1e3,
           protocol: `http/${req.httpVersion}`,
-          peer: peerOf(req.socket),
+          peer,
           complete: res.writableFinished,
         },
         "http request finished",
@@ -109,6 +113,15 @@ export class HttpRouteTable {
       req.resume();
       return true;
     }
+    if (this.options.originAllowed && !this.options.originAllowed(req.headers)) {
+      answer(
+        res,
+        403,
+        httpErrorBody(`requests from origin ${String(req.headers["origin"]).slice(0, 200)} are not allowed (see cors.allowedOrigins)`, "invalid_request_error", "origin_not_allowed"),
+      );
+      req.resume();
+      return true;
+    }
     if (this.options.draining()) {
       answer(res, 503, httpErrorBody("the server is shutting down; retry on another instance", "server_error", "unavailable"), {
         "retry-after": "1",
@@ -116,11 +129,19 @@ export class HttpRouteTable {
       req.resume();
       return true;
     }
-    const clientGone = new AbortController();
+    // One controller a request, tied to the server's shutdown by a listener
+    // removed when the response closes (AbortSignal.any on a signal that
+    // lives as long as the server keeps memory on Node 20).
+    const controller = new AbortController();
+    const shutdown = this.options.shutdownSignal;
+    const onShutdown = () => controller.abort(shutdown.reason);
+    if (shutdown.aborted) onShutdown();
+    else shutdown.addEventListener("abort", onShutdown, { once: true });
     res.once("close", () => {
-      if (!res.writableFinished) clientGone.abort(new Error("the client closed the connection"));
+      shutdown.removeEventListener("abort", onShutdown);
+      if (!res.writableFinished) controller.abort(new Error("the client closed the connection"));
     });
-    const signal = AbortSignal.any([clientGone.signal, this.options.shutdownSignal]);
+    const signal = controller.signal;
     const logger = this.options.logger.child({ route: name });
     route.handle(req, res, { signal, readMaxBytes: this.options.readMaxBytes, logger }).catch((err: unknown) => {
       logger.error({ err }, "http route failed");

@@ -289,6 +289,48 @@ describe("one cleartext port: HTTP/1.1 and h2c", () => {
   });
 });
 
+describe("HTTP/1.1 answers given before the request body was read", () => {
+  let server: InProcessServer;
+  before(async () => {
+    server = await startServer({ modules: [routesModule] });
+  });
+  after(() => server?.close());
+
+  it("never lose the next request on a keep-alive connection: it is kept only when the response says so", async () => {
+    const agent = new http.Agent({ keepAlive: true, maxSockets: 1 });
+    const post = (path: string, body: string) =>
+      new Promise<{ status: number; connection: string | undefined }>((resolve, reject) => {
+        const req = http.request(`${server.baseUrl}${path}`, { method: "POST", agent }, (res) => {
+          res.resume();
+          res.on("end", () => resolve({ status: res.statusCode ?? 0, connection: res.headers.connection }));
+        });
+        req.on("error", reject);
+        req.end(body);
+      });
+    try {
+      // Early answers (the failing route does not read its body; Connect refuses a missing
+      // content type at once), each followed by a request on the same agent: whether the body
+      // had arrived when the answer went out decides keep-alive or close, never a lost request.
+      for (let i = 0; i < 10; i++) {
+        expect((await post("/v1/test/fail", "x".repeat(100 * i))).status).to.equal(500);
+        expect((await post("/grpc.health.v1.Health/Check", "{}")).status).to.equal(415);
+        expect(await post("/v1/test/echo", "again")).to.deep.equal({ status: 200, connection: "keep-alive" });
+      }
+    } finally {
+      agent.destroy();
+    }
+  });
+
+  it("say Connection: close, and close, when the body was still arriving", async () => {
+    const answer = await rawExchange(server.addr, [
+      "POST /v1/test/fail HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n",
+      "only the first bytes",
+    ]);
+    expect(answer).to.match(/^HTTP\/1\.1 500 /);
+    expect(answer.toLowerCase()).to.include("connection: close");
+  });
+});
+
 describe("HTTP/1.1 limits and drain on the cleartext port", () => {
   let server: InProcessServer | undefined;
   afterEach(async () => {
@@ -385,6 +427,43 @@ describe("CORS on the gRPC port", () => {
     });
     expect(call.status).to.equal(200);
     expect(call.headers.get("access-control-allow-origin")).to.equal(null);
+  });
+
+  it("echoes the well-formed headers a preflight asks for (the OpenAI SDKs send their own) and exposes Retry-After", async () => {
+    server = await startServer({ config: { cors: { allowedOrigins: ["https://app.example"] } } });
+    const res = await fetch(`${server.baseUrl}/v1/images/generations`, {
+      method: "OPTIONS",
+      headers: { origin: "https://app.example", "access-control-request-method": "POST", "access-control-request-headers": "x-stainless-lang, x-stainless-os,bad header,content-type" },
+    });
+    expect(res.status).to.equal(204);
+    const allowed = res.headers.get("access-control-allow-headers")!.split(", ").map((h) => h.toLowerCase());
+    expect(allowed).to.include.members(["x-stainless-lang", "x-stainless-os", "content-type", "authorization"]);
+    expect(allowed).to.not.include("bad header");
+    const call = await fetch(`${server.baseUrl}/grpc.health.v1.Health/Check`, {
+      method: "POST",
+      headers: { origin: "https://app.example", "content-type": "application/json" },
+      body: "{}",
+    });
+    expect(call.headers.get("access-control-expose-headers")).to.include("Retry-After").and.include("Idempotency-Replayed");
+    const other = await fetch(`${server.baseUrl}/grpc.health.v1.Health/Check`, {
+      method: "POST",
+      headers: { origin: "https://other.example", "content-type": "application/json" },
+      body: "{}",
+    });
+    expect(other.headers.get("access-control-allow-origin")).to.equal(null);
+    expect(other.headers.get("vary")).to.equal("Origin");
+  });
+
+  it("refuses a module route's request from a browser page of an origin CORS does not allow (a form needs no preflight)", async () => {
+    server = await startServer({ modules: [routesModule], config: { cors: { allowedOrigins: ["https://app.example"] } } });
+    const from = (origin?: string) =>
+      fetch(`${server!.baseUrl}/v1/test/echo`, { method: "POST", body: "x", headers: origin === undefined ? {} : { origin } });
+    const refused = await from("https://evil.example");
+    expect(refused.status).to.equal(403);
+    expect(((await refused.json()) as { error: { code: string } }).error.code).to.equal("origin_not_allowed");
+    expect((await from("https://app.example")).status).to.equal(200);
+    expect((await from(`http://${server.addr}`)).status).to.equal(200); // the server's own origin
+    expect((await from()).status).to.equal(200); // not a browser
   });
 
   it("answers preflights from the allowed origins with connect's methods and headers, and refuses the others", async () => {
