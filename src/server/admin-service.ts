@@ -25,6 +25,8 @@ export { AdminService };
 
 /** mmgate.admin.v1.AdminService over the host's state. */
 export function adminService(state: AdminState): Partial<ServiceImpl<typeof AdminService>> {
+  // Set by the first Drain: a second one in the same tick is "already draining" too.
+  let drainRequested = false;
   return {
     getStatus() {
       return {
@@ -51,7 +53,13 @@ export function adminService(state: AdminState): Partial<ServiceImpl<typeof Admi
       return { status: state.health.get(req.service) ?? ServingStatus.UNKNOWN };
     },
     drain() {
-      const alreadyDraining = state.health.isDraining;
+      // With no token every client is an admin: stopping the process is
+      // not something to leave open by default.
+      if (state.config.auth.token === "") {
+        throw new ConnectError("Drain needs auth.token set (without it any client could stop the server); send SIGTERM instead", Code.FailedPrecondition);
+      }
+      const alreadyDraining = drainRequested || state.health.isDraining;
+      drainRequested = true;
       // The answer goes out first: the drain closes connections to new
       // streams, and this call is already one of the streams in flight.
       if (!alreadyDraining) setImmediate(state.drain);

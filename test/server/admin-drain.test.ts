@@ -3,7 +3,8 @@
  * the network by an admin.
  */
 import * as grpc from "@grpc/grpc-js";
-import { createClient } from "@connectrpc/connect";
+import type { ConnectError} from "@connectrpc/connect";
+import { Code, createClient } from "@connectrpc/connect";
 import { createConnectTransport } from "@connectrpc/connect-node";
 import { expect } from "chai";
 import { AdminService } from "../../gen/mmgate/admin/v1/admin_pb.js";
@@ -34,10 +35,12 @@ describe("AdminService.Drain", () => {
   it("reports a drain already under way and does not start another", async () => {
     const health = new HealthRegistry();
     let drains = 0;
-    const config = resolveConfig({}, []);
+    const config = resolveConfig({ auth: { token: TOKEN } }, []);
     const service = adminService({ version: "t", startedAt: 0, config, health, drain: () => void drains++ });
     const drain = service.drain as () => { graceMs: number; alreadyDraining: boolean };
     expect(drain()).to.deep.equal({ graceMs: config.shutdown.graceMs, alreadyDraining: false });
+    // A second call in the same tick, before the drain began, is told so too.
+    expect(drain().alreadyDraining).to.equal(true);
     await new Promise((r) => setImmediate(r));
     expect(drains).to.equal(1);
     health.drain();
@@ -46,11 +49,21 @@ describe("AdminService.Drain", () => {
     expect(drains).to.equal(1);
   });
 
-  it("is served to connect clients too, over HTTP/1.1", async () => {
-    const server = await startServer();
+  it("is refused while no token is configured, and served to connect clients over HTTP/1.1 once one is", async () => {
+    const open = await startServer();
+    try {
+      const admin = createClient(AdminService, createConnectTransport({ baseUrl: open.baseUrl, httpVersion: "1.1" }));
+      const refused = await admin.drain({}).catch((err: ConnectError) => err);
+      expect((refused as ConnectError).code).to.equal(Code.FailedPrecondition);
+      expect((refused as ConnectError).rawMessage).to.include("auth.token");
+      expect(open.host.health.isDraining).to.equal(false);
+    } finally {
+      await open.close();
+    }
+    const server = await startServer({ config: { auth: { token: TOKEN } } });
     try {
       const admin = createClient(AdminService, createConnectTransport({ baseUrl: server.baseUrl, httpVersion: "1.1" }));
-      expect((await admin.drain({})).alreadyDraining).to.equal(false);
+      expect((await admin.drain({}, { headers: { authorization: `Bearer ${TOKEN}` } })).alreadyDraining).to.equal(false);
       await server.host.closed;
     } finally {
       await server.close();

@@ -239,7 +239,7 @@ export const AdminService: GenService<{
    * new calls and connections are refused, calls in flight get
    * shutdown.grace_ms to finish, then the process exits 0. The answer is
    * sent before the drain begins; a second call reports the drain already
-   * under way.
+   * under way. Refused (FAILED_PRECONDITION) while auth.token is unset.
    *
    * @generated from rpc mmgate.admin.v1.AdminService.Drain
    */
