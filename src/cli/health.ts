@@ -3,9 +3,15 @@ import { Code, ConnectError, createClient } from "@connectrpc/connect";
 import { Health, HealthCheckResponse_ServingStatus as ServingStatus } from "../../gen/grpc/health/v1/health_pb.js";
 import { clientTransport, connectionContext, type ConnectionOptions, EXIT, reportError, withConnectionOptions, withExitCodes } from "../rpc/index.js";
 
+/** The deadline of a check (not a watch) when --timeout is not given. */
+const CHECK_TIMEOUT_MS = 5000;
+
 /** Exit codes: 0 SERVING, 1 any other status or a failed call, 2 a usage error. */
 export function healthCommand(): Command {
-  const command = withConnectionOptions(new Command("health").description("check grpc.health.v1 on a server; exits 0 when SERVING"))
+  const command = withConnectionOptions(new Command("health").description(
+      `check grpc.health.v1 on a server; exits 0 when SERVING (a check without --timeout gives up after ${CHECK_TIMEOUT_MS / 1000} s)`,
+    ),
+  )
     .option("--service <name>", 'fully qualified service name ("" for the whole server)', "")
     .option("--watch", "follow grpc.health.v1 Watch: print each status as it changes, until the server ends the stream or --timeout passes")
     .action(async (opts: ConnectionOptions & { service: string; watch?: boolean }) => {
@@ -29,7 +35,9 @@ export function healthCommand(): Command {
         return;
       }
       try {
-        const res = await client.check({ service: opts.service });
+        // A probe must not hang on a stuck server: a check without --timeout gets CHECK_TIMEOUT_MS.
+        const checker = opts.timeout ? client : createClient(Health, clientTransport({ ...opts, timeout: CHECK_TIMEOUT_MS }));
+        const res = await checker.check({ service: opts.service });
         process.stdout.write(`${ServingStatus[res.status] ?? String(res.status)}\n`);
         process.exitCode = res.status === ServingStatus.SERVING ? EXIT.ok : EXIT.failure;
       } catch (err) {

@@ -36,7 +36,8 @@ export function parseTimeout(text: string): number {
   const value = text.trim().toLowerCase();
   if (value === "none") return 0;
   const match = /^(\d+(?:\.\d+)?)(ms|s|m|h)?$/.exec(value);
-  const ms = match ? Math.round(Number(match[1]) * UNIT_MS[match[2] ?? "ms"]!) : Number.NaN;
+  // Rounded up: a tiny deadline must not become 0, which means none.
+  const ms = match ? Math.ceil(Number(match[1]) * UNIT_MS[match[2] ?? "ms"]!) : Number.NaN;
   if (!Number.isFinite(ms) || ms > MAX_TIMER_MS) {
     throw new InvalidArgumentError(`expected milliseconds (5000) or a duration (500ms, 30s, 5m, 1h) up to ${MAX_TIMER_MS} ms; 0 or none for no deadline`);
   }

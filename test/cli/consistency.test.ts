@@ -233,6 +233,9 @@ describe("the mmgate CLI, consistently", function () {
       ["0", 0],
       ["none", 0],
       [" 30S ", 30_000],
+      // A deadline under a millisecond is rounded up, never to 0 (which means none).
+      ["0.4", 1],
+      ["0.0001s", 1],
     ];
     for (const [text, ms] of values) it(`reads "${text}" as ${ms} ms`, () => expect(parseTimeout(text)).to.equal(ms));
     for (const bad of ["", "-1", "5x", "1e3", "s", "30 s", "25d", String(2 ** 31)]) {
