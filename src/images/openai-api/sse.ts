@@ -49,9 +49,16 @@ export class SseWriter {
     this.lastWrite = Date.now();
     const every = this.options.heartbeatMs ?? 15_000;
     if (every > 0) {
-      this.heartbeat = setInterval(() => {
-        if (Date.now() - this.lastWrite >= every && this.writable()) this.res.write(": keep-alive\n\n");
-      }, every);
+      // Checked twice a period, so no silence lasts much over `every` (one check a period could let it run to twice that).
+      this.heartbeat = setInterval(
+        () => {
+          if (Date.now() - this.lastWrite >= every && this.writable()) {
+            this.res.write(": keep-alive\n\n");
+            this.lastWrite = Date.now();
+          }
+        },
+        Math.max(1, Math.floor(every / 2)),
+      );
       this.heartbeat.unref();
     }
   }
