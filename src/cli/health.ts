@@ -8,10 +8,7 @@ const CHECK_TIMEOUT_MS = 5000;
 
 /** Exit codes: 0 SERVING, 1 any other status or a failed call, 2 a usage error. */
 export function healthCommand(): Command {
-  const command = withConnectionOptions(new Command("health").description(
-      `check grpc.health.v1 on a server; exits 0 when SERVING (a check without --timeout gives up after ${CHECK_TIMEOUT_MS / 1000} s)`,
-    ),
-  )
+  const command = withConnectionOptions(new Command("health").description("check grpc.health.v1 on a server; exits 0 when SERVING"))
     .option("--service <name>", 'fully qualified service name ("" for the whole server)', "")
     .option("--watch", "follow grpc.health.v1 Watch: print each status as it changes, until the server ends the stream or --timeout passes")
     .action(async (opts: ConnectionOptions & { service: string; watch?: boolean }) => {
@@ -46,6 +43,6 @@ export function healthCommand(): Command {
     });
   return withExitCodes(command, {
     [EXIT.ok]: "SERVING (with --watch: the last status seen)",
-    [EXIT.failure]: "any other status, or the call failed (unknown service, server unreachable, deadline)",
+    [EXIT.failure]: `any other status, or the call failed (unknown service, server unreachable, deadline: a check without --timeout gives up after ${CHECK_TIMEOUT_MS / 1000} s)`,
   });
 }
