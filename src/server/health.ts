@@ -1,7 +1,7 @@
 import { create } from "@bufbuild/protobuf";
 import type { ServiceImpl } from "@connectrpc/connect";
 import { Code, ConnectError } from "@connectrpc/connect";
-import { BoundedQueue } from "../util/index.js";
+import { BoundedQueue, linkSignals } from "../util/index.js";
 import type { ModuleHealth } from "./module.js";
 import {
   Health,
@@ -187,7 +187,8 @@ export function healthService(registry: HealthRegistry, drainSignal: AbortSignal
       const unsubscribe = registry.subscribe(req.service, (s) => latest.replace(s));
       // The stream ends on client cancellation, or on drain once the
       // NOT_SERVING that drain published has been written.
-      const stop = AbortSignal.any([ctx.signal, drainSignal]);
+      const link = linkSignals([ctx.signal, drainSignal]);
+      const stop = link.signal;
       try {
         for (;;) {
           const next = await latest.next(stop).catch(() => undefined);
@@ -196,6 +197,7 @@ export function healthService(registry: HealthRegistry, drainSignal: AbortSignal
           if (drainSignal.aborted && next.value === ServingStatus.NOT_SERVING) return;
         }
       } finally {
+        link.dispose();
         unsubscribe();
         latest.close();
       }

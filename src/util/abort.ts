@@ -105,3 +105,48 @@ export function whenAborted(signal: AbortSignal, settled: Promise<unknown>): Pro
     void settled.finally(() => signal.removeEventListener("abort", onAbort));
   });
 }
+
+/** A signal that fires with the first of several, and the way to let go of them. */
+export interface LinkedSignal {
+  readonly signal: AbortSignal;
+  /** Removes the listeners on the source signals and clears the timer; the signal stays as it is. */
+  dispose(): void;
+}
+
+/**
+ * Like `AbortSignal.any` (plus an optional timeout, whose reason is the
+ * TimeoutError `AbortSignal.timeout` gives), for a call-scoped signal tied
+ * to one that lives as long as the server (its drain or shutdown signal):
+ * `AbortSignal.any` keeps memory on the long-lived signal for every call on
+ * Node 20, and `AbortSignal.timeout` holds its timer until it fires. Call
+ * `dispose` when the call ends.
+ */
+export function linkSignals(signals: readonly AbortSignal[], options: { timeoutMs?: number } = {}): LinkedSignal {
+  const controller = new AbortController();
+  const cleanups: (() => void)[] = [];
+  const dispose = (): void => {
+    for (const cleanup of cleanups.splice(0)) cleanup();
+  };
+  const abort = (reason: unknown): void => {
+    dispose();
+    controller.abort(reason);
+  };
+  for (const source of signals) {
+    if (source.aborted) {
+      abort(source.reason);
+      return { signal: controller.signal, dispose };
+    }
+    const onAbort = (): void => abort(source.reason);
+    source.addEventListener("abort", onAbort, { once: true });
+    cleanups.push(() => source.removeEventListener("abort", onAbort));
+  }
+  if (options.timeoutMs !== undefined) {
+    const timer = setTimeout(
+      () => abort(new DOMException("The operation was aborted due to timeout", "TimeoutError")),
+      Math.min(Math.max(0, options.timeoutMs), MAX_TIMER_MS),
+    );
+    timer.unref();
+    cleanups.push(() => clearTimeout(timer));
+  }
+  return { signal: controller.signal, dispose };
+}

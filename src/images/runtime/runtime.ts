@@ -3,7 +3,7 @@ import { ImageError, toImageError } from "../core/errors.js";
 import type { ProviderEventSink } from "../core/provider.js";
 import { validateRequest, type RequestLimits } from "../core/validation.js";
 import type { FanoutPlan } from "../fanout/provider.js";
-import { raceAbort, settleWithin } from "../../util/index.js";
+import { linkSignals, raceAbort, settleWithin } from "../../util/index.js";
 import { AdmissionGate, type AdmissionLimits } from "./admission.js";
 import type { BreakerAdmission } from "./circuit-breaker.js";
 import type { ProviderRegistry, RegisteredProvider } from "./registry.js";
@@ -210,13 +210,18 @@ export class ImageRuntime {
 
   private async admitAndRun(prepared: PreparedRequest, options: ExecuteOptions): Promise<ImageResponse> {
     const started = performance.now();
-    const { request, entry, deadline } = prepared;
+    const { deadline } = prepared;
     // One signal for caller cancellation, the deadline and the end of the shutdown grace.
-    const operation = AbortSignal.any([
-      options.signal,
-      this.shutdownController.signal,
-      AbortSignal.timeout(Math.max(0, deadline - Date.now())),
-    ]);
+    const link = linkSignals([options.signal, this.shutdownController.signal], { timeoutMs: deadline - Date.now() });
+    try {
+      return await this.admitAndRunUnder(link.signal, prepared, options, started);
+    } finally {
+      link.dispose();
+    }
+  }
+
+  private async admitAndRunUnder(operation: AbortSignal, prepared: PreparedRequest, options: ExecuteOptions, started: number): Promise<ImageResponse> {
+    const { request, entry, deadline } = prepared;
     let globalPermit;
     try {
       globalPermit = await this.globalGate.acquire(operation, deadline);

@@ -24,7 +24,7 @@ import {
   type RelayIdentity,
 } from "../../../gen/dynamo/kvrelay/v1/relay_pb.js";
 import { sameProducerIdentity, type ProducerIdentity } from "../../kv/index.js";
-import { Semaphore } from "../../util/index.js";
+import { linkSignals, Semaphore, type LinkedSignal } from "../../util/index.js";
 import { encodeSnapshot } from "../frames.js";
 import { HubError, type HubSubscriber, type PublicationFrame, type SubscriberEndReason, type SubscriberRead } from "../hub/index.js";
 import {
@@ -183,8 +183,8 @@ export function relayService(options: RelayServiceOptions): Partial<ServiceImpl<
     }
   };
 
-  /** Ends when the call is cancelled or the server drains. */
-  const stopSignal = (ctx: HandlerContext): AbortSignal => AbortSignal.any([ctx.signal, drainSignal]);
+  /** Ends when the call is cancelled or the server drains; disposed when the call ends. */
+  const stopSignal = (ctx: HandlerContext): LinkedSignal => linkSignals([ctx.signal, drainSignal]);
 
   function endError(reason: SubscriberEndReason, pool: RelayPool, expected: ProducerIdentity, during: "snapshot" | "stream"): RelayError | undefined {
     switch (reason) {
@@ -306,7 +306,8 @@ export function relayService(options: RelayServiceOptions): Partial<ServiceImpl<
       checkContractMarker(req.contractMarker);
       checkSubscriberId(req.subscriberId);
       const release = admit("catalog");
-      const stop = stopSignal(ctx);
+      const link = stopSignal(ctx);
+      const stop = link.signal;
       try {
         for (;;) {
           const seen = relay.catalog.version;
@@ -322,6 +323,7 @@ export function relayService(options: RelayServiceOptions): Partial<ServiceImpl<
         }
       } finally {
         release();
+        link.dispose();
       }
     },
 
@@ -332,7 +334,8 @@ export function relayService(options: RelayServiceOptions): Partial<ServiceImpl<
       const expected = producerFromWire(req.expectedProducer, "expected_producer");
       const release = admit("pool");
       let subscriber: HubSubscriber | undefined;
-      const stop = stopSignal(ctx);
+      const link = stopSignal(ctx);
+      const stop = link.signal;
       try {
         const pool = relay.poolById(expected.poolId);
         if (pool === undefined) throw new RelayError("POOL_NOT_FOUND", "no pool with this pool_id is published here; refresh the catalog");
@@ -358,6 +361,7 @@ export function relayService(options: RelayServiceOptions): Partial<ServiceImpl<
       } finally {
         subscriber?.close();
         release();
+        link.dispose();
       }
     },
 
@@ -365,7 +369,8 @@ export function relayService(options: RelayServiceOptions): Partial<ServiceImpl<
       checkContractMarker(req.contractMarker);
       checkSubscriberId(req.subscriberId);
       const release = admit("readiness");
-      const stop = stopSignal(ctx);
+      const link = stopSignal(ctx);
+      const stop = link.signal;
       try {
         relay.noteReadiness();
         for (;;) {
@@ -394,6 +399,7 @@ export function relayService(options: RelayServiceOptions): Partial<ServiceImpl<
         }
       } finally {
         release();
+        link.dispose();
       }
     },
 
@@ -401,7 +407,8 @@ export function relayService(options: RelayServiceOptions): Partial<ServiceImpl<
       checkContractMarker(req.contractMarker);
       checkSubscriberId(req.subscriberId);
       const release = admit("load");
-      const stop = stopSignal(ctx);
+      const link = stopSignal(ctx);
+      const stop = link.signal;
       try {
         let window = relay.currentLoadWindow();
         for (;;) {
@@ -427,6 +434,7 @@ export function relayService(options: RelayServiceOptions): Partial<ServiceImpl<
         }
       } finally {
         release();
+        link.dispose();
       }
     },
   };
