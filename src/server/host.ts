@@ -484,7 +484,8 @@ export async function startHost(options: HostOptions): Promise<Host> {
       // A CORS preflight (or any OPTIONS) is answered here: it is not an RPC.
       const answer = cors.preflight(req.headers);
       req.resume();
-      res.writeHead(answer.status, answer.headers).end();
+      // An empty body, said outright (no chunked encoding); a 204 carries no Content-Length at all.
+      res.writeHead(answer.status, answer.status === 204 ? answer.headers : { ...answer.headers, "content-length": "0" }).end();
       httpMetrics.record("cors.preflight", answer.status, 0);
       logger.debug({ origin: req.headers["origin"], path: req.url?.slice(0, 200), outcome: answer.outcome }, "cors preflight");
       return;
