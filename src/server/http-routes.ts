@@ -54,36 +54,55 @@ export interface HttpRouteTableOptions {
 }
 
 /**
- * The modules' plain HTTP routes, matched on method and exact path. Each
+ * The modules' plain HTTP routes, matched on method and path: an exact path
+ * first, else the longest prefix route (`path` ending in `/*`). Each
  * request is logged once (`http request finished`) and counted, whether the
  * handler answered, threw, or the client went away.
  */
 export class HttpRouteTable {
   private readonly byPath = new Map<string, HttpRoute[]>();
+  /** Prefix routes by their prefix (the path without its `*`). */
+  private readonly byPrefix = new Map<string, HttpRoute[]>();
+  /** Longest first, so the most specific prefix wins. */
+  private readonly prefixes: string[];
 
   constructor(private readonly options: HttpRouteTableOptions) {
     for (const route of options.routes) {
-      const list = this.byPath.get(route.path) ?? [];
+      const prefix = prefixOf(route.path);
+      const table = prefix === undefined ? this.byPath : this.byPrefix;
+      const key = prefix ?? route.path;
+      const list = table.get(key) ?? [];
       if (list.some((r) => r.method === route.method)) throw new Error(`HTTP route ${route.method} ${route.path} is registered twice`);
       list.push(route);
-      this.byPath.set(route.path, list);
+      table.set(key, list);
     }
+    this.prefixes = [...this.byPrefix.keys()].sort((a, b) => b.length - a.length);
   }
 
   get size(): number {
-    return this.byPath.size;
+    return this.byPath.size + this.byPrefix.size;
   }
 
   /** "METHOD /path" of every route, for the start-up log. */
   get paths(): string[] {
-    return [...this.byPath.values()].flat().map((r) => `${r.method} ${r.path}`);
+    return [...this.byPath.values(), ...this.byPrefix.values()].flat().map((r) => `${r.method} ${r.path}`);
+  }
+
+  /** The routes serving `path`, and for a prefix route what follows the prefix. */
+  private match(path: string): { candidates: HttpRoute[]; rest?: string } | undefined {
+    const exact = this.byPath.get(path);
+    if (exact !== undefined) return { candidates: exact };
+    // An empty rest is not a match: "/a/" names nothing under "/a/*".
+    const prefix = this.prefixes.find((p) => path.length > p.length && path.startsWith(p));
+    return prefix === undefined ? undefined : { candidates: this.byPrefix.get(prefix)!, rest: path.slice(prefix.length) };
   }
 
   /** Serves the request when its path is a route's and returns true; false leaves it to the RPC router. */
   serve(req: NodeReq, res: NodeRes): boolean {
     const path = (req.url ?? "").split("?", 1)[0] ?? "";
-    const candidates = this.byPath.get(path);
-    if (candidates === undefined) return false;
+    const matched = this.match(path);
+    if (matched === undefined) return false;
+    const { candidates, rest } = matched;
     const route = candidates.find((r) => r.method === req.method);
     const name = route?.name ?? candidates[0]!.name;
     const started = performance.now();
@@ -143,7 +162,7 @@ export class HttpRouteTable {
     });
     const signal = controller.signal;
     const logger = this.options.logger.child({ route: name });
-    route.handle(req, res, { signal, readMaxBytes: this.options.readMaxBytes, logger }).catch((err: unknown) => {
+    route.handle(req, res, { signal, readMaxBytes: this.options.readMaxBytes, logger, pathRest: rest }).catch((err: unknown) => {
       logger.error({ err }, "http route failed");
       if (!res.headersSent && !res.destroyed) {
         answer(res, 500, httpErrorBody("internal error", "server_error", "internal"));
@@ -154,6 +173,18 @@ export class HttpRouteTable {
     });
     return true;
   }
+}
+
+/**
+ * The prefix of a prefix route ("/v1/models/*" → "/v1/models/"), undefined
+ * for an exact one. A `*` anywhere else is refused rather than taken
+ * literally, so that a pattern never silently becomes an exact path.
+ */
+function prefixOf(path: string): string | undefined {
+  const star = path.indexOf("*");
+  if (star === -1) return undefined;
+  if (star !== path.length - 1 || !path.endsWith("/*")) throw new Error(`HTTP route path ${path}: only a trailing "/*" is a pattern`);
+  return path.slice(0, -1);
 }
 
 function answer(res: NodeRes, status: number, body: string, headers: Record<string, string> = {}): void {

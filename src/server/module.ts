@@ -99,18 +99,27 @@ export interface HttpRouteContext {
   /** Largest request body the route may read (`limits.maxReceiveMessageBytes`). */
   readonly readMaxBytes: number;
   readonly logger: Logger;
+  /** For a prefix route, what follows the prefix in the path, as sent (not percent-decoded); undefined for an exact route. */
+  readonly pathRest?: string | undefined;
 }
 
 /**
  * A plain HTTP endpoint a module serves on the gRPC port, next to the RPCs
- * (an OpenAI-shaped API, say). The host matches method and exact path,
- * logs each request as `http request finished` with the route's name,
- * counts it in `mmgate_http_requests_total`, answers 503 while draining and
- * 500 when the handler throws before answering; the handler does the rest.
+ * (an OpenAI-shaped API, say). The host matches method and path (an exact
+ * path before any prefix route, the longest prefix first), logs each
+ * request as `http request finished` with the route's name, counts it in
+ * `mmgate_http_requests_total`, answers 405 for another method of a matched
+ * path, 503 while draining and 500 when the handler throws before
+ * answering; the handler does the rest.
  */
 export interface HttpRoute {
   readonly method: "GET" | "POST";
-  /** Exact path, e.g. "/v1/images/generations"; the query string is ignored. */
+  /**
+   * Exact path, e.g. "/v1/images/generations"; or a prefix route ending in
+   * "/*", e.g. "/v1/models/*", which serves every longer path under it
+   * (not the prefix itself) and hands the remainder over as `ctx.pathRest`.
+   * A `*` anywhere else is refused. The query string is ignored.
+   */
   readonly path: string;
   /** Name in logs and metrics, e.g. "openai.images.generations". */
   readonly name: string;

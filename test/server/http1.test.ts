@@ -536,6 +536,65 @@ describe("HttpRouteTable", () => {
     expect(await serveWith(true)).to.deep.equal({ hit: 503, retryAfter: "1", miss: 404 });
   });
 
+  it("serves prefix routes (path ending in /*) after exact paths, the longest prefix first, with the rest of the path", async () => {
+    const route = (method: HttpRoute["method"], path: string, name: string): HttpRoute => ({
+      method,
+      path,
+      name,
+      handle: async (_req, res, ctx) => void (res as http.ServerResponse).writeHead(200).end(JSON.stringify({ name, rest: ctx.pathRest ?? null })),
+    });
+    const table = new HttpRouteTable({
+      routes: [route("GET", "/m", "list"), route("GET", "/m/*", "one"), route("GET", "/m/deep/*", "deep"), route("GET", "/m/fixed", "fixed")],
+      logger: pino({ level: "silent" }),
+      metrics: new HttpRequestMetrics(new Registry()),
+      draining: () => false,
+      shutdownSignal: new AbortController().signal,
+      readMaxBytes: 1024,
+    });
+    expect(table.paths).to.deep.equal(["GET /m", "GET /m/fixed", "GET /m/*", "GET /m/deep/*"]);
+    const plain = http.createServer((req, res) => {
+      if (!table.serve(req, res)) res.writeHead(404).end();
+    });
+    await new Promise<void>((r) => plain.listen(0, "127.0.0.1", () => r()));
+    const { port } = plain.address() as { port: number };
+    const get = async (path: string, method = "GET") => {
+      const res = await fetch(`http://127.0.0.1:${port}${path}`, { method });
+      const text = await res.text();
+      return res.status === 200 ? (JSON.parse(text) as unknown) : [res.status, res.headers.get("allow")];
+    };
+    try {
+      expect(await get("/m")).to.deep.equal({ name: "list", rest: null });
+      expect(await get("/m/fixed")).to.deep.equal({ name: "fixed", rest: null });
+      // The rest is as sent: slashes kept, percent-escapes left for the route to decode, the query dropped.
+      expect(await get("/m/a%2Fb/c?x=1")).to.deep.equal({ name: "one", rest: "a%2Fb/c" });
+      expect(await get("/m/fixed/more")).to.deep.equal({ name: "one", rest: "fixed/more" });
+      expect(await get("/m/deep/x/y")).to.deep.equal({ name: "deep", rest: "x/y" });
+      expect(await get("/m/deep/")).to.deep.equal({ name: "one", rest: "deep/" });
+      // The prefix alone is no match; nor is a path that only starts like it.
+      expect(await get("/m/")).to.deep.equal([404, null]);
+      expect(await get("/mx")).to.deep.equal([404, null]);
+      expect(await get("/m/x", "POST")).to.deep.equal([405, "GET"]);
+    } finally {
+      await new Promise((r) => plain.close(r));
+    }
+  });
+
+  it("refuses a * anywhere but a trailing /*, and a prefix route registered twice", () => {
+    const build = (...paths: string[]) =>
+      new HttpRouteTable({
+        routes: paths.map((path) => ({ method: "GET" as const, path, name: path, handle: async () => undefined })),
+        logger: pino({ level: "silent" }),
+        metrics: new HttpRequestMetrics(new Registry()),
+        draining: () => false,
+        shutdownSignal: new AbortController().signal,
+        readMaxBytes: 1,
+      });
+    for (const path of ["/a*", "/a/*/b", "/a/**", "*"]) expect(() => build(path), path).to.throw('only a trailing "/*" is a pattern');
+    expect(() => build("/a/*", "/a/*")).to.throw("GET /a/* is registered twice");
+    // An exact path and the prefix route under it are different routes.
+    expect(build("/a", "/a/*").size).to.equal(2);
+  });
+
   it("refuses a route registered twice", () => {
     const route: HttpRoute = { method: "GET", path: "/x", name: "x", handle: async () => undefined };
     expect(

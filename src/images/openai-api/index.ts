@@ -1,20 +1,21 @@
 /**
- * An OpenAI-shaped image API (`/v1/images/generations`, `/v1/images/edits`)
- * served on the gRPC port as plain HTTP routes of the images module, each
- * request one ImageService call in process. See docs/images.md,
- * "OpenAI-compatible HTTP API".
+ * An OpenAI-shaped image API (`/v1/images/generations`, `/v1/images/edits`,
+ * and `/v1/models` for the `model` values they take) served on the gRPC
+ * port as plain HTTP routes of the images module, each request at most
+ * one ImageService call in process. See docs/images.md, "OpenAI-compatible
+ * HTTP API".
  */
 import type { Registry } from "prom-client";
 import { inProcessTransport } from "../../rpc/index.js";
 import type { HttpRoute, LocalRoutes } from "../../server/index.js";
 import { openAiImageRoutes } from "./routes.js";
 
-export { EDITS_PATH, GENERATIONS_PATH, openAiImageRoutes, type OpenAiRoutesOptions } from "./routes.js";
+export { EDITS_PATH, GENERATIONS_PATH, MODELS_PATH, openAiImageRoutes, type OpenAiRoutesOptions } from "./routes.js";
 export { fromRpcError, OpenAiApiError, openAiParamOf, type OpenAiErrorBody } from "./errors.js";
 export { editParams, generationParams, type ImageParams } from "./params.js";
 export { toImageRequest } from "./request.js";
 export { completedEvents, imagesResponseOf, partialImageEvent } from "./response.js";
-export { routeForModel, ProviderCatalog } from "./models.js";
+export { MODEL_CREATED, modelOf, modelsOf, routeForModel, ProviderCatalog, type OpenAiModel } from "./models.js";
 
 export interface OpenAiImageApiOptions {
   /** The host's routes and interceptors (`ctx.localRoutes`): live once the module starts, before any request arrives. */

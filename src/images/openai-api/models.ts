@@ -1,9 +1,9 @@
 /**
- * OpenAI's `model` as an ImageService route, and the route's effective
- * capabilities, both read from the service itself (ListProviders,
- * GetCapabilities) and kept for a few seconds: they change only with the
- * configuration, and a lookup per request would double the RPCs counted
- * for each image call.
+ * OpenAI's `model` as an ImageService route, the route's effective
+ * capabilities, and the `model` values there are (`GET /v1/models`), all
+ * read from the service itself (ListProviders, GetCapabilities) and kept
+ * for a few seconds: they change only with the configuration, and a lookup
+ * per request would double the RPCs counted for each image call.
  */
 import type { Client } from "@connectrpc/connect";
 import type { ProviderCapabilities } from "../../../gen/mmgate/images/v1/capabilities_pb.js";
@@ -55,6 +55,55 @@ export function routeForModel(model: string, list: ListProvidersResponse): Routi
   throw modelNotFound(model, list);
 }
 
+/**
+ * `created` of every listed model: 0, the Unix epoch. When a provider's
+ * model was made is not known here, and a constant keeps the answer the
+ * same across calls, restarts and instances.
+ */
+export const MODEL_CREATED = 0;
+
+/** A model as OpenAI's `GET /v1/models` answers it. */
+export interface OpenAiModel {
+  readonly id: string;
+  readonly object: "model";
+  readonly created: number;
+  /** The provider the id routes to. */
+  readonly owned_by: string;
+}
+
+/** `id` as OpenAI's model object, or 404 model_not_found: exactly what `routeForModel` accepts. */
+export function modelOf(id: string, list: ListProvidersResponse): OpenAiModel {
+  const routing = routeForModel(id, list);
+  return { id, object: "model", created: MODEL_CREATED, owned_by: routing.provider ?? "mmgate" };
+}
+
+/** The model id of `/v1/models/{id}`: the rest of the path, percent-decoded (`provider%2Fmodel` and `provider/model` alike). */
+export function modelIdOf(pathRest: string): string {
+  try {
+    return decodeURIComponent(pathRest);
+  } catch {
+    throw new OpenAiApiError(404, `model ${JSON.stringify(pathRest)} is not a valid percent-encoded id`, "not_found_error", "model", "model_not_found");
+  }
+}
+
+/**
+ * Every `model` value `routeForModel` accepts, provider by provider: its
+ * name, its models, then `provider/model` for each. A model several
+ * providers list appears once, owned by the provider it routes to.
+ */
+export function modelsOf(list: ListProvidersResponse): OpenAiModel[] {
+  const ids = new Set<string>();
+  for (const provider of list.providers) {
+    ids.add(provider.name);
+    // An empty model name is no `model` value: an empty `model` means the default provider.
+    const models = provider.models.filter((m) => m !== "");
+    for (const model of models) ids.add(model);
+    for (const model of models) ids.add(`${provider.name}/${model}`);
+  }
+  ids.delete("");
+  return [...ids].map((id) => modelOf(id, list));
+}
+
 interface Entry<T> {
   readonly at: number;
   readonly value: Promise<T>;
@@ -81,8 +130,14 @@ export class ProviderCatalog {
     return fresh.value;
   }
 
-  private listProviders(): Promise<ListProvidersResponse> {
-    return this.cached("providers", () => this.client.listProviders({}, { timeoutMs: LOOKUP_TIMEOUT_MS }));
+  /**
+   * The registered providers. ListProviders is a public method whose answer
+   * is the same for every caller, so one lookup serves all; `headers`
+   * (the caller's authorization and request id) go with the lookup this
+   * call makes, if it makes one, as a gRPC client's call would carry them.
+   */
+  providers(headers?: Readonly<Record<string, string>>): Promise<ListProvidersResponse> {
+    return this.cached("providers", () => this.client.listProviders({}, { timeoutMs: LOOKUP_TIMEOUT_MS, ...(headers ? { headers } : {}) }));
   }
 
   private capabilitiesOf(routing: Routing): Promise<ProviderCapabilities> {
@@ -97,7 +152,7 @@ export class ProviderCatalog {
 
   /** The route and capabilities for a request's `model` (absent: the default provider). */
   async resolve(model: string | undefined): Promise<ResolvedRoute> {
-    const routing = model === undefined || model === "" ? {} : routeForModel(model, await this.listProviders());
+    const routing = model === undefined || model === "" ? {} : routeForModel(model, await this.providers());
     const capabilities = await this.capabilitiesOf(routing);
     const label = capabilities.model !== undefined && capabilities.model !== "" ? `${capabilities.provider} (${capabilities.model})` : capabilities.provider;
     return { routing, capabilities, label };

@@ -3,7 +3,8 @@
  * /v1/images/edits` (multipart), each read, checked, and run as one
  * ImageService call through the in-process transport, so that auth,
  * admission, validation, fan-out, interceptors and metrics are those of a
- * gRPC client's call.
+ * gRPC client's call; and `GET /v1/models`, `GET /v1/models/{model}`: the
+ * `model` values those two accept.
  */
 import { randomUUID } from "node:crypto";
 import { ConnectError, createClient, type CallOptions, type Client, type Transport } from "@connectrpc/connect";
@@ -11,7 +12,7 @@ import { ImageService } from "../../../gen/mmgate/images/v1/image_service_pb.js"
 import type { HttpRoute, HttpRouteContext, HttpRouteRequest, HttpRouteResponse } from "../../server/index.js";
 import { fromRpcError, invalidParam, OpenAiApiError } from "./errors.js";
 import { headerOf, readJson, sendError, sendJson } from "./http.js";
-import { ProviderCatalog, type ResolvedRoute } from "./models.js";
+import { modelIdOf, modelOf, modelsOf, ProviderCatalog, type ResolvedRoute } from "./models.js";
 import { readMultipart } from "./multipart.js";
 import { editParams, generationParams, type ImageParams, type Operation } from "./params.js";
 import { toImageRequest, type ImageRequestInit } from "./request.js";
@@ -20,6 +21,7 @@ import { SseWriter } from "./sse.js";
 
 export const GENERATIONS_PATH = "/v1/images/generations";
 export const EDITS_PATH = "/v1/images/edits";
+export const MODELS_PATH = "/v1/models";
 
 /** Text fields an edit form may carry, and their size: every known parameter fits, with room for a long prompt. */
 const MAX_FORM_FIELDS = 64;
@@ -76,8 +78,7 @@ class ImagesApi {
   }
 
   async handle(operation: Operation, req: HttpRouteRequest, res: HttpRouteResponse, ctx: HttpRouteContext): Promise<void> {
-    const given = headerOf(req, "x-request-id");
-    const requestId = given !== undefined && REQUEST_ID.test(given) ? given : randomUUID();
+    const requestId = requestIdOf(req);
     const authorization = headerOf(req, "authorization");
     const idempotencyKey = headerOf(req, "idempotency-key");
     const answerHeaders: Record<string, string> = { "x-request-id": requestId };
@@ -107,6 +108,27 @@ class ImagesApi {
       sendJson(res, 200, imagesResponseOf(answer.response, params.responseFormat), answerHeaders);
     } catch (error) {
       // A client that went away gets no answer; the host logs the request as cut.
+      if (ctx.signal.aborted) return;
+      sendError(res, this.apiError(error, ctx, requestId, authorization !== undefined), answerHeaders);
+    }
+  }
+
+  /**
+   * `GET /v1/models` (no `ctx.pathRest`) and `GET /v1/models/{model}`, from
+   * the catalog the image routes resolve `model` with, so that what is
+   * listed is what they accept.
+   */
+  async models(req: HttpRouteRequest, res: HttpRouteResponse, ctx: HttpRouteContext): Promise<void> {
+    const requestId = requestIdOf(req);
+    const authorization = headerOf(req, "authorization");
+    const answerHeaders: Record<string, string> = { "x-request-id": requestId };
+    try {
+      const headers: Record<string, string> = { "x-request-id": requestId };
+      if (authorization !== undefined) headers["authorization"] = authorization;
+      const list = await this.catalog.providers(headers);
+      const body = ctx.pathRest === undefined ? { object: "list", data: modelsOf(list) } : modelOf(modelIdOf(ctx.pathRest), list);
+      sendJson(res, 200, body, answerHeaders);
+    } catch (error) {
       if (ctx.signal.aborted) return;
       sendError(res, this.apiError(error, ctx, requestId, authorization !== undefined), answerHeaders);
     }
@@ -168,16 +190,26 @@ class ImagesApi {
   }
 }
 
+/** The client's x-request-id when it is usable, else a fresh one. */
+function requestIdOf(req: HttpRouteRequest): string {
+  const given = headerOf(req, "x-request-id");
+  return given !== undefined && REQUEST_ID.test(given) ? given : randomUUID();
+}
+
 /** An event as (name, data): OpenAI names each SSE event after its `type`. */
 function named<T extends { type: string }>(event: T): [string, T] {
   return [event.type, event];
 }
 
-/** The OpenAI-shaped image routes over an ImageService reached through `options.transport`. */
+/** The OpenAI-shaped image and model routes over an ImageService reached through `options.transport`. */
 export function openAiImageRoutes(options: OpenAiRoutesOptions): HttpRoute[] {
   const api = new ImagesApi(options);
+  const models: HttpRoute["handle"] = (req, res, ctx) => api.models(req, res, ctx);
   return [
     { method: "POST", path: GENERATIONS_PATH, name: "openai.images.generations", handle: (req, res, ctx) => api.handle("generate", req, res, ctx) },
     { method: "POST", path: EDITS_PATH, name: "openai.images.edits", handle: (req, res, ctx) => api.handle("edit", req, res, ctx) },
+    { method: "GET", path: MODELS_PATH, name: "openai.models.list", handle: models },
+    // Ids may hold "/" (provider/model), so the route takes everything under the prefix.
+    { method: "GET", path: `${MODELS_PATH}/*`, name: "openai.models.retrieve", handle: models },
   ];
 }
