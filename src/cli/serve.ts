@@ -100,7 +100,8 @@ export function serveCommand(role?: ServeRole): Command {
       flag("services", opts.services, "--services");
       flag("log.level", opts.logLevel, "--log-level");
       for (const [key, value] of Object.entries(role?.overrides?.(opts as unknown as Record<string, unknown>) ?? {})) {
-        flag(key, value, role?.overrideFlags?.[key] ?? `--set ${key}`);
+        const named = role?.overrideFlags !== undefined && Object.hasOwn(role.overrideFlags, key) ? role.overrideFlags[key] : undefined;
+        flag(key, value, named ?? `--set ${key}`);
       }
       const warnings: string[] = [];
       let config;

@@ -101,6 +101,11 @@ function imageRequest(prompt: string, o: GenerateOptions): pb.ImageRequest {
 }
 
 /** Request fields as the CLI spells them. */
+/** A table's own entry: names that come from a server's answer must not reach Object.prototype. */
+function own(table: Readonly<Record<string, string>>, key: string): string | undefined {
+  return Object.hasOwn(table, key) ? table[key] : undefined;
+}
+
 const FLAGS: Readonly<Record<string, string>> = {
   "parameters.n": "-n",
   "parameters.size": "--size",
@@ -130,7 +135,7 @@ const HINTS: Readonly<Record<string, string>> = {
 export function cliHint(hint: string): string {
   const known = HINTS[hint];
   if (known !== undefined) return known;
-  return hint.replace(/\b(?:parameters|policies|routing)\.[a-z_]+\b|\btimeout_ms\b/g, (field) => FLAGS[field] ?? field);
+  return hint.replace(/\b(?:parameters|policies|routing)\.[a-z_]+\b|\btimeout_ms\b/g, (field) => own(FLAGS, field) ?? field);
 }
 
 /** The size rule of a provider in words, e.g. "auto, one of 256x256, …, or any WxH with both edges a multiple of 8 from 16 to 4096". */
@@ -183,7 +188,7 @@ function normalizationsJson(response: pb.ImageResponse, caps: ProviderCapabiliti
   const lines = normalizationLines(response, caps);
   return response.normalizations.map((n, i) => ({
     field: n.field,
-    flag: FLAGS[n.field] ?? n.field,
+    flag: own(FLAGS, n.field) ?? n.field,
     requested: n.requested === undefined ? null : toJson(ValueSchema, n.requested),
     effective: n.effective === undefined ? null : toJson(ValueSchema, n.effective),
     reason: n.reason,
@@ -194,8 +199,8 @@ function normalizationsJson(response: pb.ImageResponse, caps: ProviderCapabiliti
 /** "normalized --size: 100x100 -> auto (…)" lines, with the size rule and the size made. */
 function normalizationLines(response: pb.ImageResponse, caps: ProviderCapabilities | undefined): string[] {
   return response.normalizations.map((n) => {
-    const name = FLAGS[n.field] ?? n.field;
-    let line = `normalized ${name}: ${valueText(n.requested)} -> ${valueText(n.effective)} (${NORMALIZATION_REASONS[n.reason] ?? n.reason})`;
+    const name = own(FLAGS, n.field) ?? n.field;
+    let line = `normalized ${name}: ${valueText(n.requested)} -> ${valueText(n.effective)} (${own(NORMALIZATION_REASONS, n.reason) ?? n.reason})`;
     if (n.field === "parameters.size") {
       const rule = sizeRule(caps);
       if (rule) line += `; ${rule}`;
@@ -361,7 +366,10 @@ function resultJson(response: pb.ImageResponse, saved: Saved, ctx: SaveContext, 
   return {
     provider: response.provider,
     model: response.model,
+    // `dir` is where the images are: `out`, or a temporary directory when writing to `out` failed (`writeError`, exit 1).
+    out: ctx.out,
     dir: saved.dir,
+    ...(saved.writeError ? { writeError: { code: saved.writeError.code, message: saved.writeError.message } } : {}),
     files: [...images.map((i) => i.file), ...partials],
     images,
     partials,

@@ -253,8 +253,13 @@ export function parseScalar(text: string): unknown {
   return typeof value === "number" && String(value) !== text.trim() ? text : value;
 }
 
-function setPath(target: Record<string, unknown>, path: string, value: unknown): void {
+/** Path segments that would reach an object's prototype rather than a key of its own. */
+const PROTOTYPE_KEYS = new Set(["__proto__", "constructor", "prototype"]);
+
+function setPath(target: Record<string, unknown>, path: string, value: unknown, origin: string): void {
   const keys = path.split(".");
+  const bad = keys.find((key) => PROTOTYPE_KEYS.has(key));
+  if (bad !== undefined) throw new ConfigError(`${path}: "${bad}" is no config key (from ${origin})`);
   let node = target;
   for (const key of keys.slice(0, -1)) {
     const next = node[key];
@@ -484,7 +489,7 @@ export function gatherRawConfig(sources: ConfigSources, topLevelKeys?: ReadonlyS
   /** Sets a value from the environment or a flag: lists from their text, and the path now named by `origin` alone. */
   const set = (path: string, value: unknown, origin: string) => {
     const kind = index.lists.get(path);
-    setPath(values, path, kind === undefined ? value : listValue(value, kind, path, origin));
+    setPath(values, path, kind === undefined ? value : listValue(value, kind, path, origin), origin);
     for (const earlier of [...origins.keys()]) if (earlier === path || earlier.startsWith(`${path}.`)) origins.delete(earlier);
     origins.set(path, origin);
   };
@@ -539,7 +544,8 @@ export function gatherRawConfig(sources: ConfigSources, topLevelKeys?: ReadonlyS
       warn('"services" (--services) is the old name of "modules" (--modules); it still works');
       path = "modules";
     }
-    set(path, value, sources.overrideOrigins?.[given] ?? `--set ${given}`);
+    const named = sources.overrideOrigins !== undefined && Object.hasOwn(sources.overrideOrigins, given) ? sources.overrideOrigins[given] : undefined;
+    set(path, value, named ?? `--set ${given}`);
   }
   return { values, origins };
 }

@@ -132,6 +132,23 @@ describe("images: CLI", function () {
     }
   });
 
+  it("says so in --json too when the images went to a temporary directory (out, dir, writeError)", async () => {
+    const target = join(dir, "blocked-json");
+    await mkdir(join(target, "image-1.png"), { recursive: true });
+    const result = await run(["generate", "a cat", "-n", "2", "--out", target, "--addr", server.addr, "--json"]);
+    expect(result.code).to.equal(1);
+    const json = JSON.parse(result.out) as { out: string; dir: string; writeError?: { code: string; message: string }; files: string[] };
+    try {
+      expect(json.out).to.equal(target);
+      expect(json.dir.startsWith(join(tmpdir(), "mmgate-images-"))).to.equal(true);
+      expect(json.writeError?.code).to.equal("io");
+      expect(json.writeError?.message).to.include("image-1.png");
+      expect(json.files).to.deep.equal([join(json.dir, "image-0.png"), join(json.dir, "image-1.png")]);
+    } finally {
+      await rm(json.dir, { recursive: true, force: true });
+    }
+  });
+
   it("names files image-<index> zero-padded to the width of n - 1 (n = 1 and n = 12)", async () => {
     const one = join(dir, "n1");
     expect((await run(["generate", "a cat", "--out", one, "--addr", server.addr])).code).to.equal(0);

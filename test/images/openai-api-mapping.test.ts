@@ -84,6 +84,8 @@ describe("openai-api: request parameters", () => {
     const cases: [unknown, string | null, string][] = [
       [[1], null, "invalid_type"],
       [{ prompt: "p", colour: "red" }, "colour", "unknown_parameter"],
+      [JSON.parse('{"prompt":"p","constructor":1}'), "constructor", "unknown_parameter"],
+      [JSON.parse('{"prompt":"p","toString":1}'), "toString", "unknown_parameter"],
       [{ prompt: "p", style: "vivid" }, "style", "unsupported_parameter"],
       [{ prompt: "p", input_fidelity: "high" }, "input_fidelity", "unknown_parameter"],
       [{ n: 1 }, "prompt", "missing_required_parameter"],

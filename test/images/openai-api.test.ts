@@ -315,6 +315,25 @@ describe("images: OpenAI-compatible HTTP API (openai SDK)", function () {
     expect(main.requests.filter((r) => r.prompt === "p")).to.have.length(0);
   });
 
+  it("takes a file part sent without a filename (the provider sniffs its type)", async () => {
+    const boundary = "mmgate-test-boundary";
+    const body = Buffer.concat([
+      Buffer.from(`--${boundary}\r\ncontent-disposition: form-data; name="prompt"\r\n\r\nno filename\r\n`),
+      Buffer.from(`--${boundary}\r\ncontent-disposition: form-data; name="image"\r\ncontent-type: application/octet-stream\r\n\r\n`),
+      randomBytes(32),
+      Buffer.from(`\r\n--${boundary}--\r\n`),
+    ]);
+    const answer = await fetch(`http://${server.addr}/v1/images/edits`, {
+      method: "POST",
+      headers: { "content-type": `multipart/form-data; boundary=${boundary}` },
+      body,
+    });
+    expect(answer.status, await answer.clone().text()).to.equal(200);
+    const seen = main.requests.filter((r) => r.prompt === "no filename");
+    expect(seen).to.have.length(1);
+    if (seen[0]!.operation.kind === "edit") expect(seen[0]!.operation.images[0]!.filename ?? "").to.equal("");
+  });
+
   it("answers 415 for another content type, 400 for bad JSON, 405 for GET", async () => {
     const url = `http://${server.addr}/v1/images/generations`;
     const form = await fetch(url, { method: "POST", headers: { "content-type": "application/x-www-form-urlencoded" }, body: "prompt=p" });

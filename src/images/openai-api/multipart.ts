@@ -72,7 +72,8 @@ export async function readMultipart(req: HttpRouteRequest, limits: MultipartLimi
       new Promise<void>((resolve) => {
         stream.on("data", (chunk: Buffer) => chunks.push(chunk));
         stream.once("end", () => {
-          files.push({ field, data: Buffer.concat(chunks), filename, mimeType });
+          // A part sent without filename= (or type) still counts as a file: both may be absent.
+          files.push({ field, data: Buffer.concat(chunks), filename: filename ?? "", mimeType: mimeType ?? "" });
           resolve();
         });
         stream.once("error", (error) => {

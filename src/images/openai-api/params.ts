@@ -138,7 +138,7 @@ class Reader {
 function checkNames(source: Source, operation: Operation): void {
   for (const name of source.names) {
     if (KNOWN[operation].has(name)) continue;
-    const reason = UNSUPPORTED[name];
+    const reason = Object.hasOwn(UNSUPPORTED, name) ? UNSUPPORTED[name] : undefined;
     if (reason !== undefined) throw invalidParam(name, `${name} is not supported: ${reason}`, "unsupported_parameter");
     throw invalidParam(name, `unknown parameter: ${name}`, "unknown_parameter");
   }
