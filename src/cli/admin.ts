@@ -3,7 +3,16 @@ import { Command, InvalidArgumentError } from "commander";
 import { createClient } from "@connectrpc/connect";
 import { AdminService, type GetStatusResponse } from "../../gen/mmgate/admin/v1/admin_pb.js";
 import { HealthCheckResponse_ServingStatus as ServingStatus } from "../../gen/grpc/health/v1/health_pb.js";
-import { clientTransport, connectionContext, type ConnectionOptions, reportError, tokenOption, withConnectionOptions, withExitCodes } from "../rpc/index.js";
+import {
+  clientTransport,
+  connectionContext,
+  type ConnectionOptions,
+  reportError,
+  STATUS_TIMEOUT_MS,
+  tokenOption,
+  withConnectionOptions,
+  withExitCodes,
+} from "../rpc/index.js";
 
 /** Where the admin commands write; the process's streams by default. */
 export interface AdminCliIo {
@@ -48,8 +57,9 @@ function parseServing(value: string): boolean {
 /** `mmgate admin status|config|serving|drain`. */
 export function adminCommand(io: AdminCliIo = { out: process.stdout, err: process.stderr }): Command {
   const admin = new Command("admin").description("inspect and steer a running server (mmgate.admin.v1.AdminService)");
-  const withOptions = (command: Command) =>
-    withExitCodes(withConnectionOptions(command).addOption(tokenOption()).option("--json", "print one JSON object"), {
+  // Status and config are probes (a default deadline); serving and drain are acts an operator waits for, as long as it takes.
+  const withOptions = (command: Command, defaultTimeoutMs = 0) =>
+    withExitCodes(withConnectionOptions(command, { defaultTimeoutMs }).addOption(tokenOption()).option("--json", "print one JSON object"), {
       1: "the call failed (server unreachable, unauthenticated, unknown service, server draining)",
     });
   const callOptions = (o: Options) => (o.token ? { headers: { authorization: `Bearer ${o.token}` } } : {});
@@ -57,7 +67,7 @@ export function adminCommand(io: AdminCliIo = { out: process.stdout, err: proces
     process.exitCode = reportError(io.err, `admin ${command}`, err, connectionContext(o));
   };
 
-  withOptions(admin.command("status").description("print the server's version, uptime, draining flag and each service's health (public)")).action(
+  withOptions(admin.command("status").description("print the server's version, uptime, draining flag and each service's health (public)"), STATUS_TIMEOUT_MS).action(
     async (o: Options) => {
       try {
         const s = await createClient(AdminService, clientTransport(o)).getStatus({}, callOptions(o));
@@ -68,7 +78,7 @@ export function adminCommand(io: AdminCliIo = { out: process.stdout, err: proces
     },
   );
 
-  withOptions(admin.command("config").description("print the server's effective configuration, secrets redacted (admin: --token)")).action(
+  withOptions(admin.command("config").description("print the server's effective configuration, secrets redacted (admin: --token)"), STATUS_TIMEOUT_MS).action(
     async (o: Options) => {
       try {
         const res = await createClient(AdminService, clientTransport(o)).getConfig({}, callOptions(o));

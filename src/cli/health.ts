@@ -1,17 +1,18 @@
 import { Command } from "commander";
 import { Code, ConnectError, createClient } from "@connectrpc/connect";
 import { Health, HealthCheckResponse_ServingStatus as ServingStatus } from "../../gen/grpc/health/v1/health_pb.js";
-import { clientTransport, connectionContext, type ConnectionOptions, EXIT, reportError, withConnectionOptions, withExitCodes } from "../rpc/index.js";
-
-/** The deadline of a check (not a watch) when --timeout is not given. */
-const CHECK_TIMEOUT_MS = 5000;
+import { clientTransport, connectionContext, type ConnectionOptions, EXIT, reportError, STATUS_TIMEOUT_MS, withConnectionOptions, withExitCodes } from "../rpc/index.js";
 
 /** Exit codes: 0 SERVING, 1 any other status or a failed call, 2 a usage error. */
 export function healthCommand(): Command {
-  const command = withConnectionOptions(new Command("health").description("check grpc.health.v1 on a server; exits 0 when SERVING"))
+  // A watch follows the server until it ends the stream: no default deadline; a check gets STATUS_TIMEOUT_MS.
+  const command = withConnectionOptions(new Command("health").description("check grpc.health.v1 on a server; exits 0 when SERVING"), {
+    defaultTimeoutMs: STATUS_TIMEOUT_MS,
+  })
     .option("--service <name>", 'fully qualified service name ("" for the whole server)', "")
-    .option("--watch", "follow grpc.health.v1 Watch: print each status as it changes, until the server ends the stream or --timeout passes")
-    .action(async (opts: ConnectionOptions & { service: string; watch?: boolean }) => {
+    .option("--watch", "follow grpc.health.v1 Watch: print each status as it changes, until the server ends the stream or a --timeout given passes")
+    .action(async (opts: ConnectionOptions & { service: string; watch?: boolean }, command: Command) => {
+      if (opts.watch && command.getOptionValueSource("timeout") === "default") opts.timeout = 0;
       const client = createClient(Health, clientTransport(opts));
       if (opts.watch) {
         // Exit code follows the last status seen: 0 SERVING, 1 otherwise.
@@ -32,9 +33,7 @@ export function healthCommand(): Command {
         return;
       }
       try {
-        // A probe must not hang on a stuck server: a check without --timeout gets CHECK_TIMEOUT_MS.
-        const checker = opts.timeout ? client : createClient(Health, clientTransport({ ...opts, timeout: CHECK_TIMEOUT_MS }));
-        const res = await checker.check({ service: opts.service });
+        const res = await client.check({ service: opts.service });
         process.stdout.write(`${ServingStatus[res.status] ?? String(res.status)}\n`);
         process.exitCode = res.status === ServingStatus.SERVING ? EXIT.ok : EXIT.failure;
       } catch (err) {
@@ -43,6 +42,6 @@ export function healthCommand(): Command {
     });
   return withExitCodes(command, {
     [EXIT.ok]: "SERVING (with --watch: the last status seen)",
-    [EXIT.failure]: `any other status, or the call failed (unknown service, server unreachable, deadline: a check without --timeout gives up after ${CHECK_TIMEOUT_MS / 1000} s)`,
+    [EXIT.failure]: `any other status, or the call failed (unknown service, server unreachable, deadline)`,
   });
 }

@@ -2,7 +2,7 @@ import { readFile } from "node:fs/promises";
 import { Command } from "commander";
 import { Code, createClient } from "@connectrpc/connect";
 import { EncodeHopService, Lifecycle } from "../../gen/mmgate/encode/v1/encode_pb.js";
-import { clientTransport, CliError, connectionContext, type ConnectionOptions, ioError, reportError, snakeCodeName, tokenOption, withConnectionOptions, withExitCodes } from "../rpc/index.js";
+import { clientTransport, CliError, connectionContext, type ConnectionOptions, ioError, reportError, snakeCodeName, STATUS_TIMEOUT_MS, tokenOption, withConnectionOptions, withExitCodes } from "../rpc/index.js";
 import { annotatedToJsonValue, LlmJsonError, preprocessedRequestFromJson, stringifyJson } from "../llm/index.js";
 
 /** Where the hop commands write; the process's streams by default. */
@@ -29,8 +29,9 @@ type Options = ConnectionOptions & { token?: string };
  */
 export function hopCommand(io: HopCliIo = { out: process.stdout, err: process.stderr }): Command {
   const hop = new Command("hop").description("call the multimodal Encode hop (mmgate.encode.v1.EncodeHopService)");
-  const withConnection = (command: Command) =>
-    withExitCodes(withConnectionOptions(command).addOption(tokenOption()), {
+  // `status` is a probe (a default deadline); `generate` runs as long as the request takes.
+  const withConnection = (command: Command, defaultTimeoutMs = 0) =>
+    withExitCodes(withConnectionOptions(command, { defaultTimeoutMs }).addOption(tokenOption()), {
       1: "the call failed, or the request file is unreadable or not a valid request (the error names the JSON path)",
     });
   withConnection(
@@ -67,7 +68,7 @@ export function hopCommand(io: HopCliIo = { out: process.stdout, err: process.st
       fail(err);
     }
   });
-  withConnection(hop.command("status").description("print the hop's GetStatus: lifecycle, target, members and counters")).action(
+  withConnection(hop.command("status").description("print the hop's GetStatus: lifecycle, target, members and counters"), STATUS_TIMEOUT_MS).action(
     async (o: Options) => {
       try {
         const s = await createClient(EncodeHopService, clientTransport(o)).getStatus({});

@@ -49,8 +49,11 @@ export function parseTimeout(text: string): number {
  * deadline by default: image generation and long replays take minutes, and
  * a watch runs until it is stopped; probes pass their own (`--timeout 5s`).
  */
-export function timeoutOption(description = "deadline of each call: milliseconds or a duration (500ms, 30s, 5m); 0 for none"): Option {
-  return new Option("--timeout <ms|duration>", description).default(0, "none").argParser(parseTimeout);
+export function timeoutOption(
+  description = "deadline of each call: milliseconds or a duration (500ms, 30s, 5m); 0 for none",
+  defaultMs = 0,
+): Option {
+  return new Option("--timeout <ms|duration>", description).default(defaultMs, defaultMs === 0 ? "none" : `${defaultMs / 1000}s`).argParser(parseTimeout);
 }
 
 /** What a client subcommand needs to reach a server. */
@@ -73,9 +76,20 @@ export function caOption(): Option {
 }
 
 /** Adds --addr, --tls, --ca and --timeout to a client subcommand. */
-export function withConnectionOptions(command: Command): Command {
-  return command.addOption(addrOption()).addOption(tlsOption()).addOption(caOption()).addOption(timeoutOption());
+export function withConnectionOptions(command: Command, options: { defaultTimeoutMs?: number } = {}): Command {
+  return command
+    .addOption(addrOption())
+    .addOption(tlsOption())
+    .addOption(caOption())
+    .addOption(timeoutOption(undefined, options.defaultTimeoutMs));
 }
+
+/**
+ * The default deadline of the commands that ask a server how it is (health,
+ * status): a probe must not hang on a stuck server. Commands that do work
+ * (generate, publish, watch) have none by default.
+ */
+export const STATUS_TIMEOUT_MS = 5000;
 
 /**
  * A channel to the server the options name: h2c, or TLS with --tls / --ca;

@@ -33,6 +33,7 @@ export {
   reportWarning,
   snakeCodeName,
   timeoutOption,
+  STATUS_TIMEOUT_MS,
   tlsMismatch,
   tlsOption,
   tokenOption,

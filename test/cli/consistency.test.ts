@@ -242,12 +242,15 @@ describe("the mmgate CLI, consistently", function () {
       it(`refuses "${bad}"`, () => expect(() => parseTimeout(bad)).to.throw(/expected milliseconds/));
     }
 
-    it("every client command takes the same --timeout, with the same default, parser and help", async () => {
+    it("every client command takes the same --timeout, with the same parser and help; probes default to 5 s, work to none", async () => {
+      // Commands that ask how a server is must not hang on a stuck one.
+      const probes = new Set(["health", "admin status", "admin config", "hop status"]);
       const clientCommands = [
         ["health"],
         ["admin", "status"],
         ["admin", "config"],
         ["admin", "serving"],
+        ["admin", "drain"],
         ["hop", "generate"],
         ["hop", "status"],
         ["kv", "publish"],
@@ -261,7 +264,8 @@ describe("the mmgate CLI, consistently", function () {
       ];
       for (const path of clientCommands) {
         const help = await runMmgate([...path, "--help"]);
-        expect(help.stdout, path.join(" ")).to.match(/--timeout <ms\|duration>\s+\S[\s\S]*?\(default: none\)/);
+        const expected = probes.has(path.join(" ")) ? "5s" : "none";
+        expect(help.stdout, path.join(" ")).to.match(new RegExp(`--timeout <ms\\|duration>\\s+\\S[\\s\\S]*?\\(default: ${expected}\\)`));
         const bad = await runMmgate([...path, "--timeout", "5x"]);
         expect(bad.code, path.join(" ")).to.equal(2);
         expect(bad.stderr, path.join(" ")).to.match(/\[usage\] option '--timeout <ms\|duration>' argument '5x' is invalid\. expected milliseconds/);
@@ -372,7 +376,18 @@ describe("the mmgate CLI, consistently", function () {
       [["--services", "teleport"], /\n {2}modules: unknown module "teleport" \(known: [^)]*\) \(from --services\)\n/],
       [["--set", "cors.allowedOrigins=[oops"], /cors\.allowedOrigins: not a JSON array .*\(from --set cors\.allowedOrigins\)/],
       [["--set", "shutdown.graceMs=-1", "--log-level", "info"], /\n {2}shutdown\.graceMs: [^\n]* \(from --set shutdown\.graceMs\)\n/],
+      // Names an object inherits are no keys: never a way onto Object.prototype, never "from function toString()".
+      [["--set", "toString=1"], /\n {2}toString: unknown key \(from --set toString\)\n/],
     ];
+    for (const key of ["__proto__.x", "log.__proto__.level", "constructor.prototype.x", "__proto__"]) {
+      it(`serve --set ${key}=1: exit 2, [config], and Object.prototype untouched`, async () => {
+        const res = await runMmgate(["serve", "--print-config", "--set", `${key}=1`]);
+        expect(res.code, res.stderr).to.equal(2);
+        expect(res.stderr).to.match(/is no config key \(from --set /);
+        expect(({} as Record<string, unknown>)["x"]).to.equal(undefined);
+        expect(({} as Record<string, unknown>)["level"]).to.equal(undefined);
+      });
+    }
     for (const [args, message] of flags) {
       it(`serve ${args.join(" ")}: exit 2, [config], ${message}`, async () => {
         const res = await runMmgate(["serve", "--print-config", ...args]);
