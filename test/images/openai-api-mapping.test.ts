@@ -21,17 +21,10 @@ import {
 import { toConnectError } from "../../src/images/proto-convert.js";
 import { SseWriter } from "../../src/images/openai-api/sse.js";
 import { delay } from "../../src/util/index.js";
+import { expectThrown } from "../support/index.js";
 
 /** The OpenAiApiError `work` throws. */
-function apiError(work: () => unknown): OpenAiApiError {
-  try {
-    work();
-  } catch (error) {
-    expect(error).to.be.instanceOf(OpenAiApiError);
-    return error as OpenAiApiError;
-  }
-  throw new Error("expected a throw");
-}
+const apiError = (work: () => unknown): OpenAiApiError => expectThrown(work, { type: OpenAiApiError });
 
 const summary = (e: OpenAiApiError) => ({ status: e.status, type: e.type, param: e.param, code: e.code });
 const noAuth = { authorizationSent: false };

@@ -7,6 +7,7 @@ import { ChannelConfigError, channelConfigSchema, channelDefaults, createChannel
 import type { InProcessServer } from "../support/server.js";
 import { startServer } from "../support/server.js";
 import { selfSignedCertificate } from "../support/tls.js";
+import { metricValue } from "../support/metrics.js";
 
 /** The server refuses a grpc-timeout above this, which makes the header observable. */
 const SERVER_MAX_TIMEOUT_MS = 60_000;
@@ -31,13 +32,6 @@ async function drainWatch(stream: AsyncIterable<{ status: S }>): Promise<{ seen:
   }
 }
 
-async function counterValue(registry: Registry, name: string, labels: Record<string, string>): Promise<number> {
-  const metric = registry.getSingleMetric(name);
-  if (!metric) return 0;
-  const { values } = await metric.get();
-  const found = values.find((v) => Object.entries(labels).every(([k, want]) => v.labels[k] === want));
-  return found?.value ?? 0;
-}
 
 // Every behaviour holds on both transports a channel can use.
 for (const leanPath of [true, false]) {
@@ -105,7 +99,7 @@ for (const leanPath of [true, false]) {
       const inbound = await drainWatch(health.watch({ service: "" }, { contextValues: withCallContext({ deadline: performance.now() + 300 }) }));
       expect(inbound).to.deep.equal({ seen: [S.SERVING], code: Code.DeadlineExceeded });
       const labels = { grpc_service: "grpc.health.v1.Health", grpc_method: "Watch" };
-      expect(await counterValue(registry, "grpc_client_handled_total", { ...labels, grpc_code: "DEADLINE_EXCEEDED" })).to.equal(2);
+      expect(await metricValue(registry, "grpc_client_handled_total", { ...labels, grpc_code: "DEADLINE_EXCEEDED" })).to.equal(2);
     });
 
     it("fails a call whose inbound deadline has passed with DEADLINE_EXCEEDED, and counts it", async () => {
@@ -114,7 +108,7 @@ for (const leanPath of [true, false]) {
       const expired = withCallContext({ deadline: performance.now() - 1 });
       expect(await codeOf(health.check({ service: "" }, { contextValues: expired }))).to.equal(Code.DeadlineExceeded);
       const labels = { grpc_service: "grpc.health.v1.Health", grpc_method: "Check", grpc_code: "DEADLINE_EXCEEDED" };
-      expect(await counterValue(registry, "grpc_client_handled_total", labels)).to.equal(1);
+      expect(await metricValue(registry, "grpc_client_handled_total", labels)).to.equal(1);
     });
 
     it("counts calls by code and times them, on one set of metrics per registry", async () => {
@@ -125,8 +119,8 @@ for (const leanPath of [true, false]) {
       await b.check({ service: "" });
       expect(await codeOf(a.check({ service: "no.such.Service" }))).to.equal(Code.NotFound);
       const check = { grpc_service: "grpc.health.v1.Health", grpc_method: "Check" };
-      expect(await counterValue(registry, "grpc_client_handled_total", { ...check, grpc_code: "OK" })).to.equal(2);
-      expect(await counterValue(registry, "grpc_client_handled_total", { ...check, grpc_code: "NOT_FOUND" })).to.equal(1);
+      expect(await metricValue(registry, "grpc_client_handled_total", { ...check, grpc_code: "OK" })).to.equal(2);
+      expect(await metricValue(registry, "grpc_client_handled_total", { ...check, grpc_code: "NOT_FOUND" })).to.equal(1);
       const histogram = await registry.getSingleMetric("grpc_client_handling_seconds")!.get();
       const count = histogram.values.find(
         (v) => (v as { metricName?: string }).metricName === "grpc_client_handling_seconds_count" && v.labels["grpc_method"] === "Check",
@@ -142,10 +136,10 @@ for (const leanPath of [true, false]) {
       const stream = health.watch({ service: "" }, { signal: controller.signal });
       const it = stream[Symbol.asyncIterator]();
       expect((await it.next()).value?.status).to.equal(S.SERVING);
-      expect(await counterValue(registry, "grpc_client_handled_total", { ...watch, grpc_code: "CANCELLED" })).to.equal(0);
+      expect(await metricValue(registry, "grpc_client_handled_total", { ...watch, grpc_code: "CANCELLED" })).to.equal(0);
       controller.abort();
       expect(await codeOf(it.next())).to.equal(Code.Canceled);
-      expect(await counterValue(registry, "grpc_client_handled_total", { ...watch, grpc_code: "CANCELLED" })).to.equal(1);
+      expect(await metricValue(registry, "grpc_client_handled_total", { ...watch, grpc_code: "CANCELLED" })).to.equal(1);
     });
 
     it("leaves only application metadata on a failed call's error, so that a handler can rethrow it", async () => {

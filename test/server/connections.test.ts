@@ -5,7 +5,7 @@ import { connect as tlsConnect } from "node:tls";
 import { expect } from "chai";
 import { ConfigError, resolveConfig } from "../../src/server/index.js";
 import type { InProcessServer } from "../support/index.js";
-import { eventually, selfSignedCertificate, startServer } from "../support/index.js";
+import { eventually, metricValue, selfSignedCertificate, startServer } from "../support/index.js";
 
 /** A gRPC message frame holding an empty HealthCheckRequest (service ""). */
 const EMPTY_REQUEST = Buffer.from([0, 0, 0, 0, 0]);
@@ -101,10 +101,7 @@ describe("connection limits of the HTTP/2 listener and the admin listener", func
   }
 
   async function closedBy(reason: string): Promise<number> {
-    const metric = server!.host.metrics.registry.getSingleMetric("mmgate_connections_closed_total");
-    if (!metric) return 0;
-    const { values } = await metric.get();
-    return values.find((v) => v.labels.reason === reason)?.value ?? 0;
+    return metricValue(server!.host.metrics.registry, "mmgate_connections_closed_total", { reason });
   }
 
   /** The frame types and flags in the bytes a raw socket received after the preface. */

@@ -19,15 +19,13 @@ import { Health, HealthCheckResponse_ServingStatus } from "../../gen/grpc/health
 import { defineModule, splitHostPort } from "../../src/server/index.js";
 import type { HttpRoute } from "../../src/server/index.js";
 import { HttpRequestMetrics, HttpRouteTable } from "../../src/server/http-routes.js";
-import { eventually, grpcUnary, startServer, type InProcessServer } from "../support/index.js";
+import { eventually, grpcUnary, metricValue as metricValueOf, startServer, type InProcessServer } from "../support/index.js";
 
 const TOKEN = "http1-test-token-0123456789";
 
-async function metricValue(server: InProcessServer, name: string, labels: Record<string, string>): Promise<number> {
-  const metric = await server.host.metrics.registry.getSingleMetric(name)?.get();
-  const match = metric?.values.find((v) => Object.entries(labels).every(([k, val]) => v.labels[k] === val));
-  return match?.value ?? 0;
-}
+/** A metric of the server under test (see test/support/metrics.ts). */
+const metricValue = (server: InProcessServer, name: string, labels: Record<string, string>): Promise<number> =>
+  metricValueOf(server.host.metrics.registry, name, labels);
 
 /** Writes `request` on a fresh socket, in the given pieces with a pause between, and returns everything the server sent until it closed. */
 function rawExchange(addr: string, pieces: (string | Buffer)[], options: { endAfterMs?: number } = {}): Promise<string> {

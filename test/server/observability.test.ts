@@ -13,7 +13,7 @@ import { Health } from "../../gen/grpc/health/v1/health_pb.js";
 import { ImageMetrics } from "../../src/images/metrics.js";
 import { bindService, defineModule } from "../../src/server/index.js";
 import type { InProcessServer } from "../support/index.js";
-import { eventually, expectRejection, grpcServerStream, runMmgate, startServer } from "../support/index.js";
+import { eventually, expectRejection, grpcServerStream, metricValue as metricValueOf, runMmgate, startServer } from "../support/index.js";
 import { StatusSniffer } from "../../src/server/status-sniffer.js";
 import { ShapesService } from "../support/shapes-service.js";
 
@@ -64,11 +64,9 @@ function finished(lines: string[], method: string): RpcLine[] {
     .filter((l) => l.msg === "rpc finished" && l.method === method);
 }
 
-async function metricValue(server: InProcessServer, name: string, labels: Record<string, string>): Promise<number> {
-  const metric = await server.host.metrics.registry.getSingleMetric(name)?.get();
-  const match = metric?.values.find((v) => Object.entries(labels).every(([k, val]) => v.labels[k] === val));
-  return match?.value ?? 0;
-}
+/** A metric of the server under test (see test/support/metrics.ts). */
+const metricValue = (server: InProcessServer, name: string, labels: Record<string, string>): Promise<number> =>
+  metricValueOf(server.host.metrics.registry, name, labels);
 
 for (const fastPath of [true, false]) {
   describe(`observability (rpc.fastPath ${fastPath})`, () => {

@@ -9,3 +9,4 @@ export * from "./tls.js";
 export * from "./etcd.js";
 export * from "./nats.js";
 export * from "./random.js";
+export * from "./metrics.js";

@@ -24,14 +24,29 @@ export async function expectRejection<E = Error>(
   try {
     value = await (typeof work === "function" ? work() : work);
   } catch (error) {
-    if (expected.type) expect(error).to.be.instanceOf(expected.type);
-    const fields = error as { code?: unknown; message?: unknown; name?: unknown };
-    if (expected.code !== undefined) expect(fields.code, `code of ${String(error)}`).to.equal(expected.code);
-    if (expected.name !== undefined) expect(fields.name, `name of ${String(error)}`).to.equal(expected.name);
-    if (expected.message !== undefined) expect(String(fields.message)).to.match(expected.message);
-    return error as E;
+    return checkFailure(error, expected);
   }
   expect.fail(`expected a failure, got ${preview(value)}`);
+}
+
+/** Runs `work`, which must throw synchronously as `expected`; returns the error for further checks. */
+export function expectThrown<E = Error>(work: () => unknown, expected: ExpectedFailure<E> = {}): E {
+  let value: unknown;
+  try {
+    value = work();
+  } catch (error) {
+    return checkFailure(error, expected);
+  }
+  expect.fail(`expected a throw, got ${preview(value)}`);
+}
+
+function checkFailure<E>(error: unknown, expected: ExpectedFailure<E>): E {
+  if (expected.type) expect(error).to.be.instanceOf(expected.type);
+  const fields = error as { code?: unknown; message?: unknown; name?: unknown };
+  if (expected.code !== undefined) expect(fields.code, `code of ${String(error)}`).to.equal(expected.code);
+  if (expected.name !== undefined) expect(fields.name, `name of ${String(error)}`).to.equal(expected.name);
+  if (expected.message !== undefined) expect(String(fields.message)).to.match(expected.message);
+  return error as E;
 }
 
 /** Awaits a call that must fail and returns its status as a ConnectError (whatever was thrown). */
