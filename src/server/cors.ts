@@ -37,6 +37,8 @@ export class CorsPolicy {
   private readonly any: boolean;
   private readonly origins: ReadonlySet<string>;
   private readonly allowHeaders: string;
+  /** The names in `allowHeaders`, lower case: a preflight's own requests are added only when not among them. */
+  private readonly allowHeaderNames: ReadonlySet<string>;
   private readonly exposeHeaders: string;
   private readonly allowMethods: string;
   private readonly maxAge: string;
@@ -45,7 +47,9 @@ export class CorsPolicy {
     this.any = config.allowedOrigins.includes("*");
     // Origins compare without a trailing slash and case-insensitively in scheme and host.
     this.origins = new Set(config.allowedOrigins.map(normalizeOrigin));
-    this.allowHeaders = [...connectCors.allowedHeaders, ...EXTRA_ALLOWED_HEADERS].join(", ");
+    const allowed = [...connectCors.allowedHeaders, ...EXTRA_ALLOWED_HEADERS];
+    this.allowHeaders = allowed.join(", ");
+    this.allowHeaderNames = new Set(allowed.map((name) => name.toLowerCase()));
     this.exposeHeaders = [...connectCors.exposedHeaders, ...EXTRA_EXPOSED_HEADERS].join(", ");
     this.allowMethods = connectCors.allowedMethods.join(", ");
     this.maxAge = String(config.maxAgeSeconds);
@@ -61,6 +65,16 @@ export class CorsPolicy {
     const origin = headers["origin"];
     if (typeof origin !== "string" || !this.enabled) return undefined;
     return this.any || this.origins.has(normalizeOrigin(origin)) ? origin : undefined;
+  }
+
+  /**
+   * Whether a request may act at all: no Origin (not a browser), an allowed
+   * origin, or the server's own (a page it served, by the Host it was sent to).
+   */
+  admits(headers: Headers): boolean {
+    const origin = headers["origin"];
+    if (origin === undefined) return true;
+    return this.allowedOrigin(headers) !== undefined || sameOrigin(origin, headers[":authority"] ?? headers["host"]);
   }
 
   /** Adds the CORS headers of an actual (not preflight) request from an allowed origin. */
@@ -83,8 +97,7 @@ export class CorsPolicy {
    * OpenAI SDKs send headers of their own, which the server ignores.
    */
   private allowHeadersFor(headers: Headers): string {
-    const known = new Set(this.allowHeaders.toLowerCase().split(", "));
-    const extra = requestedHeaders(headers).filter((name) => !known.has(name.toLowerCase()));
+    const extra = requestedHeaders(headers).filter((name) => !this.allowHeaderNames.has(name.toLowerCase()));
     return extra.length === 0 ? this.allowHeaders : `${this.allowHeaders}, ${extra.join(", ")}`;
   }
 
@@ -116,6 +129,15 @@ function requestedHeaders(headers: Headers): string[] {
     .map((name) => name.trim())
     .filter((name) => name !== "" && HEADER_NAME.test(name));
   return names.slice(0, MAX_REQUESTED_HEADERS);
+}
+
+function sameOrigin(origin: string | string[], host: string | string[] | undefined): boolean {
+  if (typeof origin !== "string" || typeof host !== "string") return false;
+  try {
+    return new URL(origin).host === host;
+  } catch {
+    return false;
+  }
 }
 
 function normalizeOrigin(origin: string): string {

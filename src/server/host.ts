@@ -146,18 +146,6 @@ function unknownMethod(req: NodeReq, res: NodeRes): void {
   }
 }
 
-/** Whether a request's Origin is this server itself (a page it served), by the Host it was sent to. */
-function sameOrigin(headers: http2.IncomingHttpHeaders): boolean {
-  const origin = headers["origin"];
-  const host = headers[":authority"] ?? headers["host"];
-  if (typeof origin !== "string" || typeof host !== "string") return false;
-  try {
-    return new URL(origin).host === host;
-  } catch {
-    return false;
-  }
-}
-
 /**
  * Once a response has ended, a request body the handler did not read to its
  * end (it was over the size limit, the handler failed early, or it ended a
@@ -477,7 +465,7 @@ export async function startHost(options: HostOptions): Promise<Host> {
     readMaxBytes: config.limits.maxReceiveMessageBytes,
     // A browser page from another origin may send a form (no preflight) to a
     // route that spends quota: refused unless CORS lets that origin in.
-    originAllowed: (headers) => headers["origin"] === undefined || cors.allowedOrigin(headers) !== undefined || sameOrigin(headers),
+    originAllowed: (headers) => cors.admits(headers),
   });
   handle = (req, res) => {
     if (req.method === "OPTIONS") {
