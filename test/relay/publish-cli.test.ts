@@ -51,7 +51,7 @@ describe("mmgate kv publish", function () {
     expect(probe.contains(computeSeqHashForBlock([9143094415614847000n])[0]!)).to.equal(false);
   });
 
-  it("exits 2 with the rejections when the relay refuses some events", async () => {
+  it("exits 3 (partly done) with the rejections when the relay refuses some events", async () => {
     const res = await runMmgate([
       "kv",
       "publish",
