@@ -4,6 +4,7 @@ import { parse as parseYaml } from "yaml";
 import { z } from "zod";
 import type { ServiceModule } from "./module.js";
 import { MAX_TIMER_MS } from "../util/index.js";
+import { isAllowedHostEntry } from "./request-host.js";
 
 const MiB = 1024 * 1024;
 
@@ -93,6 +94,25 @@ export const hostConfigSchema = z.strictObject({
       handshakeTimeoutMs: timerMs.default(10_000),
       /** Open connections at most; a new one over it is closed at once. 0 means no cap. */
       maxConnections: z.number().int().min(0).default(0),
+    })
+    .prefault({}),
+  server: z
+    .strictObject({
+      /**
+       * The hosts requests may name (Host, :authority): names or addresses,
+       * ".example.com" for a domain and its subdomains, "*" for any. Empty
+       * (the default): the loopback names when the listener is on loopback,
+       * any host otherwise. Others are refused (403, PERMISSION_DENIED),
+       * which stops DNS rebinding from a web page.
+       */
+      allowedHosts: z
+        .array(
+          z
+            .string()
+            .min(1)
+            .refine(isAllowedHostEntry, 'expected a host name, an address, ".domain" or "*"'),
+        )
+        .default([]),
     })
     .prefault({}),
   cors: z

@@ -1,5 +1,6 @@
 import { cors as connectCors } from "@connectrpc/connect";
 import type { HostConfig } from "./config.js";
+import { authorityHeader, parseAuthority } from "./request-host.js";
 
 type Headers = Record<string, string | string[] | undefined>;
 interface HeaderSink {
@@ -43,7 +44,11 @@ export class CorsPolicy {
   private readonly allowMethods: string;
   private readonly maxAge: string;
 
-  constructor(config: HostConfig["cors"]) {
+  /** `secure`: the listener speaks TLS, so its own pages are https. */
+  constructor(
+    config: HostConfig["cors"],
+    private readonly secure = false,
+  ) {
     this.any = config.allowedOrigins.includes("*");
     // Origins compare without a trailing slash and case-insensitively in scheme and host.
     this.origins = new Set(config.allowedOrigins.map(normalizeOrigin));
@@ -69,12 +74,13 @@ export class CorsPolicy {
 
   /**
    * Whether a request may act at all: no Origin (not a browser), an allowed
-   * origin, or the server's own (a page it served, by the Host it was sent to).
+   * origin, or the server's own: a page it served, by the scheme of this
+   * listener and the host and port the request was sent to.
    */
   admits(headers: Headers): boolean {
     const origin = headers["origin"];
     if (origin === undefined) return true;
-    return this.allowedOrigin(headers) !== undefined || sameOrigin(origin, headers[":authority"] ?? headers["host"]);
+    return this.allowedOrigin(headers) !== undefined || sameOrigin(origin, authorityHeader(headers), this.secure);
   }
 
   /** Adds the CORS headers of an actual (not preflight) request from an allowed origin. */
@@ -131,13 +137,18 @@ function requestedHeaders(headers: Headers): string[] {
   return names.slice(0, MAX_REQUESTED_HEADERS);
 }
 
-function sameOrigin(origin: string | string[], host: string | string[] | undefined): boolean {
-  if (typeof origin !== "string" || typeof host !== "string") return false;
-  try {
-    return new URL(origin).host === host;
-  } catch {
-    return false;
-  }
+/** Scheme, host and port all equal (RFC 6454), default ports filled in on both sides. */
+function sameOrigin(origin: string | string[], authority: string | undefined, secure: boolean): boolean {
+  if (typeof origin !== "string") return false;
+  const scheme = secure ? "https:" : "http:";
+  const defaultPort = secure ? 443 : 80;
+  const target = parseAuthority(authority);
+  if (target === undefined || !URL.canParse(origin)) return false;
+  const url = new URL(origin);
+  if (url.protocol !== scheme) return false;
+  const from = parseAuthority(url.host);
+  if (from === undefined) return false;
+  return from.host === target.host && (from.port ?? defaultPort) === (target.port ?? defaultPort);
 }
 
 function normalizeOrigin(origin: string): string {

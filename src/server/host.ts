@@ -7,8 +7,10 @@ import type { AddressInfo, Socket } from "node:net";
 import type { DescMethod, DescService } from "@bufbuild/protobuf";
 import type { ConnectRouter, Interceptor } from "@connectrpc/connect";
 import { Code, ConnectError, createContextValues } from "@connectrpc/connect";
+import { codeToString } from "@connectrpc/connect/protocol-connect";
 import { connectNodeAdapter } from "@connectrpc/connect-node";
 import type { Logger } from "pino";
+import { Counter } from "prom-client";
 import { createAdminServer } from "./admin-http.js";
 import { splitCleartextProtocols } from "./cleartext-http1.js";
 import { adminServerTimeouts, guardConnections, http1ServerTimeouts } from "./connections.js";
@@ -28,7 +30,8 @@ import type { ErrorMapper, LocalRoutes, ModuleHealth, ModuleInstance, ServiceBin
 import { planModules } from "./module-plan.js";
 import { Supervisor } from "./supervisor.js";
 import { addReflection, reflectionServices } from "./reflection.js";
-import { RpcObserver, rpcRecordKey } from "./rpc-observer.js";
+import { HostAllowList } from "./request-host.js";
+import { peerOf, RpcObserver, rpcRecordKey } from "./rpc-observer.js";
 
 export interface HostOptions {
   config: MmgateConfig;
@@ -107,19 +110,16 @@ function closeServer(server: { close(cb: (err?: Error) => void): unknown }): Pro
 }
 
 /**
- * gRPC clients expect a gRPC status for an unknown method, not an HTTP 404:
- * a trailers-only response, sent at once (a bidi client may wait for headers
- * before it half-closes). The request body is still read to its end, so the
- * stream closes cleanly rather than being reset, and nothing is written to a
- * stream the client already reset.
+ * A request answered by the host itself, before any handler: an unknown
+ * method, or a request refused for its authority. gRPC clients (and
+ * gRPC-Web) expect a gRPC status, not an HTTP error: a trailers-only
+ * response, sent at once (a bidi client may wait for headers before it
+ * half-closes). Others get the HTTP status and a Connect-shaped JSON body.
+ * The request body is still read to its end, so the stream closes cleanly
+ * rather than being reset, and nothing is written to a stream the client
+ * already reset.
  */
-function unknownMethodMessage(req: NodeReq): string {
-  const path = (req.url ?? "").split("?", 1)[0] ?? "";
-  return `unknown method ${path.slice(0, 200)}`;
-}
-
-function unknownMethod(req: NodeReq, res: NodeRes): void {
-  const message = unknownMethodMessage(req);
+function answerWithStatus(req: NodeReq, res: NodeRes, code: Code, httpStatus: number, message: string): void {
   const contentType = req.headers["content-type"] ?? "";
   req.resume();
   req.on("error", () => undefined);
@@ -128,7 +128,7 @@ function unknownMethod(req: NodeReq, res: NodeRes): void {
     if (contentType.startsWith("application/grpc")) {
       const headers = {
         "content-type": contentType,
-        "grpc-status": String(Code.Unimplemented),
+        "grpc-status": String(code),
         "grpc-message": encodeURIComponent(message),
       };
       if ("stream" in res) {
@@ -139,10 +139,29 @@ function unknownMethod(req: NodeReq, res: NodeRes): void {
       }
       return;
     }
-    res.writeHead(404, { "content-type": "application/json" });
-    res.end(JSON.stringify({ code: "unimplemented", message }));
+    res.writeHead(httpStatus, { "content-type": "application/json" });
+    res.end(JSON.stringify({ code: codeToString(code), message }));
   } catch {
     // The client went away between the check and the write: nothing to answer.
+  }
+}
+
+function unknownMethodMessage(req: NodeReq): string {
+  const path = (req.url ?? "").split("?", 1)[0] ?? "";
+  return `unknown method ${path.slice(0, 200)}`;
+}
+
+/**
+ * The last word on a request whose handling threw: nothing one request
+ * carries may reach the process's uncaught-exception handler. The client
+ * gets INTERNAL if nothing was sent yet, else its stream is cut.
+ */
+function failRequest(req: NodeReq, res: NodeRes, err: unknown, logger: Logger): void {
+  logger.error({ err, path: req.url?.slice(0, 200), method: req.method }, "request handling failed");
+  if (!res.headersSent && !res.destroyed) {
+    answerWithStatus(req, res, Code.Internal, 500, "internal error");
+  } else if (!res.writableEnded) {
+    res.destroy();
   }
 }
 
@@ -196,7 +215,7 @@ function releaseUnreadRequest(req: NodeReq, res: NodeRes): void {
 /**
  * Puts the lean path in front of the HTTP/2 compatibility layer: every new
  * stream is offered to it first (unless `passOn` says it must go to the
- * compatibility layer), and what it declines goes on to the compatibility
+ * compatibility layer, which refuses or serves it), and what it declines goes on to the compatibility
  * layer's listener (and so to connect) unchanged. Returns false, changing
  * nothing, when that listener is not where this Node.js version keeps it.
  */
@@ -204,13 +223,23 @@ function routeStreams(
   server: http2.Http2Server | http2.Http2SecureServer,
   fastPath: FastPath,
   passOn: (headers: http2.IncomingHttpHeaders) => boolean,
+  onError: (err: unknown) => void,
 ): boolean {
   const listeners = server.listeners("stream");
   const compat = listeners[0];
   if (listeners.length !== 1 || typeof compat !== "function") return false;
   server.removeListener("stream", compat as (...args: unknown[]) => void);
   server.on("stream", (stream: http2.ServerHttp2Stream, headers: http2.IncomingHttpHeaders, flags: number, rawHeaders: string[]) => {
-    if (passOn(headers) || !fastPath.serve(stream, headers)) (compat as (...args: unknown[]) => void).call(server, stream, headers, flags, rawHeaders);
+    let taken: boolean;
+    try {
+      taken = !passOn(headers) && fastPath.serve(stream, headers);
+    } catch (err) {
+      // Nothing one request carries may reach the uncaught-exception handler.
+      onError(err);
+      if (!stream.destroyed) stream.close(http2.constants.NGHTTP2_INTERNAL_ERROR);
+      return;
+    }
+    if (!taken) (compat as (...args: unknown[]) => void).call(server, stream, headers, flags, rawHeaders);
   });
   return true;
 }
@@ -236,6 +265,7 @@ export async function startHost(options: HostOptions): Promise<Host> {
   setMaxListeners(0, drainController.signal, abortController.signal);
 
   const tls = config.tls.certFile !== "";
+  const hosts = HostAllowList.forListener(config.server.allowedHosts, splitHostPort(config.listen).host, config.advertiseAddress);
   const settings: http2.Settings = {
     initialWindowSize: config.limits.streamWindowBytes,
     maxConcurrentStreams: config.limits.maxConcurrentStreams,
@@ -244,7 +274,14 @@ export async function startHost(options: HostOptions): Promise<Host> {
   let handle: (req: NodeReq, res: NodeRes) => void = (_req, res) => {
     res.writeHead(503).end();
   };
-  const onRequest = (req: NodeReq, res: NodeRes) => handle(req, res);
+  // The per-request boundary: whatever a request makes throw ends there.
+  const onRequest = (req: NodeReq, res: NodeRes) => {
+    try {
+      handle(req, res);
+    } catch (err) {
+      failRequest(req, res, err, logger);
+    }
+  };
   const server = tls
     ? http2.createSecureServer(
         {
@@ -451,10 +488,10 @@ export async function startHost(options: HostOptions): Promise<Host> {
         record.code = Code.Unimplemented;
         record.error = unknownMethodMessage(req);
       }
-      unknownMethod(req, res as unknown as NodeRes);
+      answerWithStatus(req, res as unknown as NodeRes, Code.Unimplemented, 404, unknownMethodMessage(req));
     },
   });
-  const cors = new CorsPolicy(config.cors);
+  const cors = new CorsPolicy(config.cors, tls);
   const httpMetrics = new HttpRequestMetrics(metrics.registry);
   const httpRoutes = new HttpRouteTable({
     routes: built.filter((b) => b.served).flatMap((b) => [...(b.instance.httpRoutes ?? [])]),
@@ -467,7 +504,25 @@ export async function startHost(options: HostOptions): Promise<Host> {
     // route that spends quota: refused unless CORS lets that origin in.
     originAllowed: (headers) => cors.admits(headers),
   });
+  const refusedRequests = new Counter({
+    name: "mmgate_requests_refused_total",
+    help: "Requests refused before routing for the authority they name: bad_authority (unusable Host or :authority), host_not_allowed (not in server.allowedHosts).",
+    labelNames: ["reason"],
+    registers: [metrics.registry],
+  });
   handle = (req, res) => {
+    // Before anything reads the authority (connect builds a URL of it), and
+    // for every protocol, route and preflight alike.
+    const verdict = hosts.check(req.headers);
+    if (!verdict.ok) {
+      refusedRequests.labels(verdict.reason).inc();
+      logger.info({ reason: verdict.reason, peer: peerOf(req.socket), path: req.url?.slice(0, 200) }, "request refused");
+      // A body still arriving is not read: the connection (HTTP/1.1) or the stream is let go once the answer is out.
+      releaseUnreadRequest(req, res);
+      const badAuthority = verdict.reason === "bad_authority";
+      answerWithStatus(req, res, badAuthority ? Code.InvalidArgument : Code.PermissionDenied, badAuthority ? 400 : 403, verdict.message);
+      return;
+    }
     if (req.method === "OPTIONS") {
       // A CORS preflight (or any OPTIONS) is answered here: it is not an RPC.
       const answer = cors.preflight(req.headers);
@@ -507,8 +562,10 @@ export async function startHost(options: HostOptions): Promise<Host> {
     });
     for (const s of served) fastPath.addService(s.service, s.implementation);
     // A browser's call gets its CORS headers from the compatibility layer.
-    const passOn = cors.enabled ? (headers: http2.IncomingHttpHeaders) => headers["origin"] !== undefined : () => false;
-    if (!routeStreams(server, fastPath, passOn)) logger.warn("this Node.js does not let the lean request path take HTTP/2 streams: every call goes through connect");
+    // A refused authority is answered there too.
+    const passOn = (headers: http2.IncomingHttpHeaders) => (cors.enabled && headers["origin"] !== undefined) || !hosts.check(headers).ok;
+    const onError = (err: unknown) => logger.error({ err }, "request handling failed");
+    if (!routeStreams(server, fastPath, passOn, onError)) logger.warn("this Node.js does not let the lean request path take HTTP/2 streams: every call goes through connect");
   }
   liveRoutes = registerRoutes;
   liveInterceptors = interceptors;
@@ -537,12 +594,16 @@ export async function startHost(options: HostOptions): Promise<Host> {
       protocols: tls ? "h2, http/1.1 (ALPN)" : "h2c, http/1.1",
       httpRoutes: httpRoutes.size > 0 ? httpRoutes.paths : undefined,
       cors: cors.enabled ? config.cors.allowedOrigins : undefined,
+      allowedHosts: hosts.describe(),
       modules: plan.map((p) => (p.served ? p.module.name : `${p.module.name} (dependency, not served)`)),
       notReady: Object.fromEntries(readiness.pending()),
       version: options.version,
     },
     "mmgate serving",
   );
+  if (hosts.allowsAny && config.server.allowedHosts.length === 0) {
+    logger.info({ listen: config.listen }, "the listener is not on loopback: requests naming any host are served (list the names clients use in server.allowedHosts to check them)");
+  }
   if (config.auth.token === "") {
     logger.warn("no auth token configured: mutating and admin methods are open to every client (AdminService.Drain is refused until one is)");
   }
