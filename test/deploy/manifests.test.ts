@@ -307,7 +307,7 @@ describe("deploy: Kubernetes manifests", () => {
     const configMap = one<ConfigMap>("ConfigMap");
     expect(
       configMap.data["mmgate.yaml"] === readFileSync(examplePath, "utf8"),
-      "deploy/kubernetes/configmap.yaml has drifted from examples/mmgate.yaml: regenerate its data (the command is in its header)",
+      "deploy/kubernetes/configmap.yaml has drifted from examples/mmgate.yaml: run node scripts/sync-configmap.mjs",
     ).to.equal(true);
   });
 });
