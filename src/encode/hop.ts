@@ -2,6 +2,7 @@ import { create } from "@bufbuild/protobuf";
 import { Code, ConnectError, createClient, type Transport } from "@connectrpc/connect";
 import { Counter, Gauge, Histogram } from "prom-client";
 import type { Registry } from "prom-client";
+import type { Logger } from "pino";
 import { z } from "zod";
 import {
   EncodeHopService,
@@ -9,16 +10,19 @@ import {
   GetStatusResponseSchema,
   Lifecycle,
   MemberSchema,
+  MemberState,
 } from "../../gen/mmgate/encode/v1/encode_pb.js";
 import { Health, HealthCheckResponse_ServingStatus as ServingStatus } from "../../gen/grpc/health/v1/health_pb.js";
 import { PreprocessedRequestSchema } from "../../gen/mmgate/llm/v1/request_pb.js";
 import { TokenWorkerService } from "../../gen/mmgate/llm/v1/token_worker_pb.js";
 import { EtcdResolver, etcdDiscoverySchema, etcdPoolPrefix, StaticResolver, staticDiscoverySchema, type Member, type Resolver } from "../discovery/index.js";
 import { shouldEncode } from "../llm/index.js";
-import { ChannelPool, channelConfigSchema, inProcessTransport, outboundContextValues, RoundRobinPicker } from "../rpc/index.js";
+import { callContextOf, ChannelPool, channelConfigSchema, CONTEXT_HEADERS, inProcessTransport, isPassOnHeaderName, passedOnHeaders, withCallContext } from "../rpc/index.js";
 import { bindService, ConfigError, defineModule, hostPort, requestIdOf, type ModuleContext } from "../server/index.js";
 import { delay, MAX_TIMER_MS, registeredMetric } from "../util/index.js";
 import { EncoderRouter, type EncodeBinding, type EncodeTarget, type EncoderLifecycle, type FallbackCause } from "./router.js";
+import { notAnEncodeCard } from "./card.js";
+import { EncodeMembers, type HealthProbe, type MemberStateName, type MemberView, type OutlierOptions } from "./members.js";
 
 /** "local": this process's own service, in memory; otherwise HOST:PORT. */
 const targetAddress = z.union([z.literal("local"), hostPort]);
@@ -43,13 +47,59 @@ export const encodeHopConfigSchema = z.strictObject({
     .prefault({})
     .refine((e) => e.discovery !== "static" || e.members.length > 0, "encoders.members: static discovery needs at least one member")
     .refine((e) => e.discovery !== "etcd" || e.etcd !== undefined, "encoders.etcd: etcd discovery needs its endpoints, component and endpoint"),
-  /** Longest an encode call may take before the request falls back (0: the caller's deadline only). */
+  /**
+   * Longest an encode call may take before the request falls back; the call
+   * has its own context (a caller leaving mid-encode does not cut it, so no
+   * tensor is orphaned), and 0 means no bound of its own.
+   */
   encodeTimeoutMs: z.number().int().min(0).max(MAX_TIMER_MS).default(30_000),
-  /** Outbound channel settings (TLS, keepalive, limits) for remote workers. */
+  /** Outbound channel settings (TLS, keepalive, limits, a service credential) for the Encode workers, and for the downstream unless `downstreamChannel` is set. */
   channel: channelConfigSchema.prefault({}),
+  /** Outbound channel settings for the downstream token worker; absent: `channel`'s. */
+  downstreamChannel: channelConfigSchema.optional(),
+  /**
+   * Pass the inbound call's `authorization` on to remote Encode workers and
+   * a remote downstream (one token domain), unless the channel has a
+   * credential of its own (`token`/`tokenFile`), which replaces it. Calls to
+   * this process's own services ("local") always carry it.
+   */
+  passAuthorization: z.boolean().default(true),
+  /**
+   * Context metadata passed on besides x-request-id and the W3C trace
+   * context (traceparent, tracestate, baggage): further lower-case header
+   * names; protocol and hop-by-hop headers are refused.
+   */
+  forwardHeaders: z
+    .array(z.string().refine(isPassOnHeaderName, "a lower-case header name that is not a protocol or hop-by-hop header"))
+    .default([]),
+  /** Outlier ejection and active health checks of the Encode workers (not for discovery "local"). */
+  outlier: z
+    .strictObject({
+      /** Transport failures or encode timeouts in a row that eject a member; a refused connection ejects at once. */
+      consecutiveFailures: z.number().int().min(1).max(1000).default(3),
+      /** First ejection's length; each further ejection in a row adds as much (5 s, 10 s, 15 s, ...). */
+      baseEjectionMs: z.number().int().min(1).max(MAX_TIMER_MS).default(5000),
+      /** Longest ejection. */
+      maxEjectionMs: z.number().int().min(1).max(MAX_TIMER_MS).default(300_000),
+      /** Most of the pool ejected at once, in percent; the members over it stay in rotation (their calls fall back). */
+      maxEjectionPercent: z.number().int().min(0).max(100).default(50),
+      /** How often each member's grpc.health.v1 status (service EncodeWorkerService) is checked; 0: never. */
+      intervalMs: z.number().int().min(0).max(MAX_TIMER_MS).default(2000),
+      /** Longest one health check may take. */
+      checkTimeoutMs: z.number().int().min(1).max(MAX_TIMER_MS).default(1000),
+    })
+    .prefault({}),
+  /** How often the downstream's health is checked for the hop's readiness (remote downstream only); 0: never (always ready). */
+  downstreamCheckIntervalMs: z.number().int().min(0).max(MAX_TIMER_MS).default(5000),
 });
 
 export type EncodeHopConfig = z.output<typeof encodeHopConfigSchema>;
+
+const MEMBER_STATE: Record<MemberStateName, MemberState> = {
+  checking: MemberState.CHECKING,
+  admitted: MemberState.ADMITTED,
+  ejected: MemberState.EJECTED,
+};
 
 const LIFECYCLE: Record<EncoderLifecycle, Lifecycle> = {
   pending: Lifecycle.PENDING,
@@ -76,73 +126,66 @@ async function requireLocal(transport: Transport, service: string, setting: stri
   }
 }
 
-/** Decides whether a discovered member may take traffic (a health check). */
-export type AdmissionCheck = (member: Member, signal: AbortSignal) => Promise<boolean>;
+/** The health service name under which the hop publishes its encode lifecycle (SERVING while Active). */
+export const ENCODE_LIFECYCLE_HEALTH = `${EncodeHopService.typeName}/encoders`;
+
+interface PoolTargetOptions {
+  readonly id: string;
+  readonly resolver: Resolver;
+  readonly transportOf: (member: Member) => Transport;
+  readonly probe?: HealthProbe;
+  readonly checkBeforeAdmit: boolean;
+  readonly accepts?: (member: Member) => boolean;
+  readonly outlier: OutlierOptions;
+  readonly logger: Logger;
+  readonly onEjected?: (member: Member, reason: string) => void;
+  readonly onIgnored?: (members: readonly Member[]) => void;
+}
 
 /**
- * A target over a membership: each pick reads the current members, so
- * changes apply at once and the rotation is kept. With `admit`, a member
- * joins the rotation only once its check passes (checked again every
- * `retryMs` until it does, while it stays a member).
+ * A target over a membership: its binding is an EncodeMembers (admission
+ * from the watch, health checks, outlier ejection, a picker rebuilt on any
+ * change of id or address), run until the binding is retired.
  */
-function membershipTarget(
-  id: string,
-  resolver: Resolver,
-  transportOf: (member: Member) => Transport,
-  admit?: AdmissionCheck,
-  retryMs = 1000,
-): EncodeTarget & { admitted(): readonly Member[] } {
-  let current: (() => readonly Member[]) | undefined;
+function poolTarget(options: PoolTargetOptions): EncodeTarget & { members(): EncodeMembers | undefined } {
+  let current: EncodeMembers | undefined;
   return {
-    id,
-    admitted: () => current?.() ?? [],
-    async bind(): Promise<EncodeBinding> {
+    id: options.id,
+    members: () => current,
+    async bind(_signal, events): Promise<EncodeBinding> {
+      const members = new EncodeMembers({
+        resolver: options.resolver,
+        outlier: options.outlier,
+        checkBeforeAdmit: options.checkBeforeAdmit,
+        logger: options.logger,
+        onAdmitted: (count) => events?.admitted(count),
+        ...(options.probe ? { probe: options.probe } : {}),
+        ...(options.accepts ? { accepts: options.accepts } : {}),
+        ...(options.onEjected ? { onEjected: options.onEjected } : {}),
+        ...(options.onIgnored ? { onIgnored: options.onIgnored } : {}),
+      });
+      events?.admitted(members.admittedCount);
+      current = members;
       const retired = new AbortController();
-      const passed = new Set<string>();
-      const checking = new Set<string>();
-      const present = (memberId: string) => resolver.current().members.some((m) => m.id === memberId);
-      const check = (member: Member) => {
-        if (!admit || passed.has(member.id) || checking.has(member.id)) return;
-        checking.add(member.id);
-        void (async () => {
-          try {
-            while (!retired.signal.aborted && present(member.id)) {
-              if (await admit(member, retired.signal).catch(() => false)) {
-                passed.add(member.id);
-                return;
-              }
-              await delay(retryMs, retired.signal).catch(() => undefined);
-            }
-          } finally {
-            checking.delete(member.id);
-          }
-        })();
-      };
-      const admittedNow = () => {
-        const members = resolver.current().members;
-        for (const m of members) check(m);
-        for (const memberId of passed) if (!members.some((m) => m.id === memberId)) passed.delete(memberId);
-        return admit ? members.filter((m) => passed.has(m.id)) : members;
-      };
-      current = admittedNow;
-      let picker = new RoundRobinPicker(admittedNow());
+      void members.run(retired.signal).catch((err: unknown) => options.logger.error({ err }, "Encode pool watch failed"));
       return {
         pick() {
           if (retired.signal.aborted) return undefined;
-          const now = admittedNow();
-          if (now.map((m) => m.id).join() !== picker.endpoints.map((m) => m.id).join()) picker = picker.rebuild(now);
-          const member = picker.pick();
-          return member && { id: member.id, transport: transportOf(member) };
+          const picked = members.pick();
+          return picked && { id: picked.member.id, key: picked.key, transport: options.transportOf(picked.member) };
         },
+        report: (key, outcome) => members.report(key, outcome),
         close() {
           retired.abort();
+          members.close();
+          if (current === members) current = undefined;
         },
       };
     },
   };
 }
 
-function hopMetrics(registry: Registry, lifecycle: () => EncoderLifecycle) {
+function hopMetrics(registry: Registry, lifecycle: () => EncoderLifecycle, views: () => readonly MemberView[]) {
   const counter = (name: string, help: string, labelNames: string[] = []) =>
     registeredMetric(registry, name, Counter, () => new Counter({ name, help, labelNames, registers: [registry] }));
   registeredMetric(
@@ -178,6 +221,26 @@ function hopMetrics(registry: Registry, lifecycle: () => EncoderLifecycle) {
     fallbacks: counter("encode_fallbacks_total", "Requests forwarded without an encoder result after the encode failed, by cause.", ["cause"]),
     perMember: counter("encode_member_requests_total", "Encode calls that succeeded, by Encode worker.", ["member"]),
     passthrough: counter("encode_passthrough_total", "Requests forwarded unchanged (text only, probes, already encoded, or the hop not active)."),
+    unavailable: counter("encode_unavailable_passthrough_total", "Multimodal requests forwarded unencoded because no Encode worker was admitted (the hop not Active)."),
+    ejections: counter("encode_member_ejections_total", "Encode workers taken out of rotation by outlier ejection, by member and reason (refused, consecutive_failures).", ["member", "reason"]),
+    ignored: registeredMetric(registry, "encode_members_ignored", Gauge, () => new Gauge({ name: "encode_members_ignored", help: "Registrations under the Encode pool's prefix that are not Encode worker cards, ignored.", registers: [registry] })),
+    byState: registeredMetric(
+      registry,
+      "encode_members",
+      Gauge,
+      () =>
+        new Gauge({
+          name: "encode_members",
+          help: "Members of the Encode pool by state (admitted, checking, ejected).",
+          labelNames: ["state"],
+          registers: [registry],
+          collect() {
+            const counts: Record<MemberStateName, number> = { admitted: 0, checking: 0, ejected: 0 };
+            for (const view of views()) counts[view.state] += 1;
+            for (const [state, n] of Object.entries(counts)) this.set({ state }, n);
+          },
+        }),
+    ),
   };
 }
 
@@ -190,8 +253,8 @@ export interface HopSeams {
 function createHop(ctx: ModuleContext<EncodeHopConfig>, seams: HopSeams) {
   const config = ctx.config;
   // The lifecycle gauge reads the router at scrape time; it exists by then.
-  const holder: { router?: EncoderRouter } = {};
-  const metrics = hopMetrics(ctx.metrics, () => holder.router?.state ?? "unavailable");
+  const holder: { router?: EncoderRouter; views?: () => readonly MemberView[] } = {};
+  const metrics = hopMetrics(ctx.metrics, () => holder.router?.state ?? "unavailable", () => holder.views?.() ?? []);
   const counts = { passthrough: 0n, encoded: 0n, fallbacks: new Map<string, bigint>(), members: new Map<string, { requests: bigint; failures: bigint }>() };
   const memberCount = (id: string) => {
     let c = counts.members.get(id);
@@ -200,11 +263,25 @@ function createHop(ctx: ModuleContext<EncodeHopConfig>, seams: HopSeams) {
   };
   const local = inProcessTransport({ routes: ctx.localRoutes.routes, interceptors: ctx.localRoutes.interceptors, registry: ctx.metrics });
   const pool = new ChannelPool(config.channel, { registry: ctx.metrics });
+  // The downstream gets a pool of its own only when its settings differ (another credential, say).
+  const downstreamPool = config.downstreamChannel === undefined ? pool : new ChannelPool(config.downstreamChannel, { registry: ctx.metrics });
   const transportOf = (address: string): Transport => (address === "local" ? local : pool.get(address));
+  const downstreamTransport = config.downstream === "local" ? local : downstreamPool.get(config.downstream);
+  const contextHeaders = [...CONTEXT_HEADERS, ...config.forwardHeaders];
 
+  const setLifecycleHealth = (state: EncoderLifecycle) =>
+    ctx.health.set(ENCODE_LIFECYCLE_HEALTH, state === "active" ? ServingStatus.SERVING : ServingStatus.NOT_SERVING);
   const router = new EncoderRouter({
     logger: ctx.logger,
-    onLifecycle: (state) => ctx.health.setReady(state === "active" || config.encoders.discovery === "off", `encode target ${state}`),
+    // The encode lifecycle has its own health entry: the hop stays ready (it passes traffic through) whatever it is.
+    onLifecycle: (state) => {
+      setLifecycleHealth(state);
+      ctx.logger.info({ lifecycle: state }, "encode lifecycle");
+    },
+    onUnavailable: () => {
+      metrics.unavailable.inc();
+      ctx.logger.debug("no Encode worker admitted: multimodal request passed through unencoded");
+    },
     onFallback: (cause: FallbackCause, member) => {
       metrics.fallbacks.inc({ cause });
       counts.fallbacks.set(cause, (counts.fallbacks.get(cause) ?? 0n) + 1n);
@@ -220,6 +297,16 @@ function createHop(ctx: ModuleContext<EncodeHopConfig>, seams: HopSeams) {
     },
   });
   holder.router = router;
+  setLifecycleHealth(router.state);
+  const outlier: OutlierOptions = config.outlier;
+  /** A member's grpc.health.v1 status for EncodeWorkerService; the channel's credential goes with it. */
+  const probe: HealthProbe = async (member, signal) =>
+    (await createClient(Health, transportOf(member.address)).check({ service: EncodeWorkerService.typeName }, { signal, timeoutMs: config.outlier.checkTimeoutMs }))
+      .status === ServingStatus.SERVING
+      ? "serving"
+      : "not_serving";
+  const onEjected = (member: Member, reason: string) =>
+    metrics.ejections.inc({ member: member.id, reason: reason === "connection refused" ? "refused" : "consecutive_failures" });
   // The membership the hop routes over; for etcd it exists once the
   // discovery task has connected.
   let resolver: Resolver | undefined =
@@ -228,36 +315,66 @@ function createHop(ctx: ModuleContext<EncodeHopConfig>, seams: HopSeams) {
       : config.encoders.discovery === "local"
         ? new StaticResolver([{ id: "local", address: "127.0.0.1:1", metadata: { transport: "in-process" } }])
         : undefined;
-  const target =
+  let poolView: ReturnType<typeof poolTarget> | undefined =
     resolver === undefined
       ? undefined
-      : membershipTarget(config.encoders.discovery, resolver, (member) =>
-          config.encoders.discovery === "local" ? local : transportOf(member.address),
-        );
-  let etcdTarget: ReturnType<typeof membershipTarget> | undefined;
+      : config.encoders.discovery === "local"
+        ? poolTarget({ id: "local", resolver, transportOf: () => local, checkBeforeAdmit: false, outlier: { ...outlier, intervalMs: 0 }, logger: ctx.logger })
+        : // Configured members take traffic at once; the checks and ejection take out those that fail.
+          poolTarget({ id: "static", resolver, transportOf: (m) => transportOf(m.address), probe, checkBeforeAdmit: false, outlier, logger: ctx.logger, onEjected });
+  const target = poolView;
   /** Connects to etcd, routes over its admitted members until the signal fires, then lets go. */
   const etcdDiscovery = async (signal: AbortSignal): Promise<void> => {
-    const pool = config.encoders.etcd!;
-    const watched = await EtcdResolver.create({ ...pool, logger: ctx.logger, registry: ctx.metrics });
+    const etcdPool = config.encoders.etcd!;
+    const watched = await EtcdResolver.create({ ...etcdPool, logger: ctx.logger, registry: ctx.metrics });
     resolver = watched;
-    // A registered worker takes traffic once its health says SERVING.
-    const admit: AdmissionCheck = async (member, signal) =>
-      (
-        await createClient(Health, transportOf(member.address)).check(
-          { service: EncodeWorkerService.typeName },
-          { signal, timeoutMs: 2000 },
-        )
-      ).status === ServingStatus.SERVING;
-    etcdTarget = membershipTarget(`etcd:${etcdPoolPrefix(pool)}`, watched, (member) => transportOf(member.address), admit);
-    router.setTarget(etcdTarget);
+    // A registered worker takes traffic once its health says SERVING; only Encode worker cards join.
+    poolView = poolTarget({
+      id: `etcd:${etcdPoolPrefix(etcdPool)}`,
+      resolver: watched,
+      transportOf: (m) => transportOf(m.address),
+      probe,
+      checkBeforeAdmit: true,
+      accepts: (m) => notAnEncodeCard(m) === undefined,
+      outlier,
+      logger: ctx.logger,
+      onEjected,
+      onIgnored: (ignored) => {
+        metrics.ignored.set(ignored.length);
+        for (const m of ignored) ctx.logger.debug({ member: m.id, why: notAnEncodeCard(m) }, "registration under the Encode pool ignored");
+      },
+    });
+    router.setTarget(poolView);
     try {
       await new Promise<void>((resolve) => signal.addEventListener("abort", () => resolve(), { once: true }));
     } finally {
       await watched.close();
     }
   };
-  ctx.health.setReady(config.encoders.discovery === "off", "encode target pending");
-  const downstream = createClient(TokenWorkerService, transportOf(config.downstream));
+  // Ready once started: the hop passes traffic through whatever its encode lifecycle (see ENCODE_LIFECYCLE_HEALTH).
+  ctx.health.setReady(false, "starting");
+  /** Readiness follows whether the downstream answers its health check (a remote downstream only). */
+  const downstreamCheck = async (signal: AbortSignal): Promise<void> => {
+    while (!signal.aborted) {
+      try {
+        const { status } = await createClient(Health, downstreamTransport).check(
+          { service: TokenWorkerService.typeName },
+          { signal, timeoutMs: Math.min(config.downstreamCheckIntervalMs, 5000) },
+        );
+        ctx.health.setReady(status === ServingStatus.SERVING, status === ServingStatus.SERVING ? undefined : `downstream ${config.downstream} is not serving`);
+      } catch (err) {
+        if (signal.aborted) return;
+        const code = ConnectError.from(err).code;
+        // A downstream without the health service still takes calls.
+        ctx.health.setReady(code === Code.Unimplemented, code === Code.Unimplemented ? undefined : `downstream ${config.downstream} unreachable: ${ConnectError.from(err).rawMessage}`);
+      }
+      await delay(config.downstreamCheckIntervalMs, signal).catch(() => undefined);
+    }
+  };
+  const downstream = createClient(TokenWorkerService, downstreamTransport);
+  /** The members of the pool the hop routes over now, with their counts, for GetStatus and the gauge. */
+  const memberViews = (): MemberView[] => poolView?.members()?.views() ?? [];
+  holder.views = memberViews;
 
   const service = bindService(EncodeHopService, {
     async *generate(req, handler) {
@@ -269,15 +386,22 @@ function createHop(ctx: ModuleContext<EncodeHopConfig>, seams: HopSeams) {
       } else {
         metrics.attempts.inc();
       }
-      const remaining = handler.timeoutMs();
-      const encodeTimeout = config.encodeTimeoutMs > 0 ? config.encodeTimeoutMs : undefined;
-      const timeoutMs = remaining === undefined ? encodeTimeout : Math.min(remaining, encodeTimeout ?? remaining);
+      // The encode call's own bound (the caller's deadline only when the hop sets none).
+      const timeoutMs = config.encodeTimeoutMs > 0 ? config.encodeTimeoutMs : handler.timeoutMs();
       const attempted = router.state === "active" && shouldEncode(request);
+      // Credentials (unless the channel has its own) and trace context go on to both calls;
+      // an in-process call always carries the caller's auth context.
+      const headers = passedOnHeaders(handler, contextHeaders, config.passAuthorization);
+      const localHeaders = config.passAuthorization ? headers : passedOnHeaders(handler, contextHeaders, true);
       const started = performance.now();
-      const prepared = await router.prepare(request, { requestId, signal: handler.signal, ...(timeoutMs !== undefined ? { timeoutMs } : {}) });
+      const prepared = await router.prepare(request, {
+        requestId,
+        headers: config.encoders.discovery === "local" ? localHeaders : headers,
+        ...(timeoutMs !== undefined ? { timeoutMs } : {}),
+      });
       if (attempted) metrics.duration.observe({ outcome: prepared === request ? "fallback" : "encoded" }, (performance.now() - started) / 1000);
       await seams.afterEncode?.({ encoded: prepared !== request, signal: handler.signal });
-      const call = { headers: { "x-request-id": requestId }, contextValues: outboundContextValues(handler) };
+      const call = { contextValues: withCallContext({ ...callContextOf(handler), headers: config.downstream === "local" ? localHeaders : headers }) };
       if (prepared !== request && handler.signal.aborted) {
         // The Encode worker handed out a transfer handle: the receiver must
         // get it even though the caller has gone, to complete the transfer
@@ -297,17 +421,19 @@ function createHop(ctx: ModuleContext<EncodeHopConfig>, seams: HopSeams) {
         lifecycle: LIFECYCLE[router.state],
         targetId: router.targetId ?? "",
         generation: config.encoders.discovery === "local" ? 0n : view.generation,
-        members:
-          config.encoders.discovery === "off"
-            ? []
-            : (etcdTarget ? etcdTarget.admitted() : view.members).map((m) =>
-                create(MemberSchema, {
-                  id: m.id,
-                  address: config.encoders.discovery === "local" ? "local" : m.address,
-                  requests: counts.members.get(m.id)?.requests ?? 0n,
-                  failures: counts.members.get(m.id)?.failures ?? 0n,
-                }),
-              ),
+        members: memberViews().map((m) =>
+          create(MemberSchema, {
+            id: m.member.id,
+            address: config.encoders.discovery === "local" ? "local" : m.member.address,
+            requests: counts.members.get(m.member.id)?.requests ?? 0n,
+            failures: counts.members.get(m.member.id)?.failures ?? 0n,
+            state: MEMBER_STATE[m.state],
+            ejectedUntilUnixMs: m.ejectedUntil === undefined ? 0n : BigInt(m.ejectedUntil),
+            reason: m.reason,
+            consecutiveFailures: m.consecutiveFailures,
+            ejections: m.ejections,
+          }),
+        ),
         fallbacks: Object.fromEntries(counts.fallbacks),
         passthrough: counts.passthrough,
         encoded: counts.encoded,
@@ -328,10 +454,13 @@ function createHop(ctx: ModuleContext<EncodeHopConfig>, seams: HopSeams) {
       ctx.tasks.run("encode-binding", (signal) => router.run(signal));
       if (config.encoders.discovery === "etcd") ctx.tasks.run("etcd-discovery", etcdDiscovery);
       else router.setTarget(target);
+      if (config.downstream === "local" || config.downstreamCheckIntervalMs === 0) ctx.health.setReady(true);
+      else ctx.tasks.run("downstream-check", downstreamCheck);
     },
     async close() {
       router.close();
       pool.abort();
+      if (downstreamPool !== pool) downstreamPool.abort();
     },
   };
 }

@@ -27,3 +27,6 @@ export {
 } from "./token-worker.js";
 export { encodeHopConfigSchema, encodeHopModule, type EncodeHopConfig } from "./hop.js";
 export { hopCommand, type HopCliIo } from "./cli.js";
+export { ENCODE_WORKER_CARD, notAnEncodeCard } from "./card.js";
+export { EncodeMembers, isRefused, memberKey, type CallOutcome, type HealthProbe, type MemberStateName, type MemberView, type OutlierOptions } from "./members.js";
+export { ENCODE_LIFECYCLE_HEALTH } from "./hop.js";

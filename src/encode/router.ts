@@ -1,6 +1,6 @@
 import { clone } from "@bufbuild/protobuf";
 import type { JsonObject } from "@bufbuild/protobuf";
-import { createClient, type Transport } from "@connectrpc/connect";
+import { Code, ConnectError, createClient, type Transport } from "@connectrpc/connect";
 import type { Logger } from "pino";
 import { EncodeWorkerService } from "../../gen/mmgate/encode/v1/encode_pb.js";
 import type { TraceLink } from "../../gen/mmgate/llm/v1/common_pb.js";
@@ -8,6 +8,7 @@ import { FinishReason_Kind, type AnnotatedOutput } from "../../gen/mmgate/llm/v1
 import { PreprocessedRequestSchema, type PreprocessedRequest } from "../../gen/mmgate/llm/v1/request_pb.js";
 import { shouldEncode } from "../llm/index.js";
 import { delay } from "../util/index.js";
+import { isRefused, type CallOutcome } from "./members.js";
 
 /** Where the hop stands: waiting for a binding, routing to one, or without a target. */
 export type EncoderLifecycle = "pending" | "active" | "unavailable";
@@ -16,7 +17,12 @@ export type EncoderLifecycle = "pending" | "active" | "unavailable";
 export interface EncodeMember {
   readonly id: string;
   readonly transport: Transport;
+  /** What the binding knows the member by (id and address); the outcome of the call is reported under it. */
+  readonly key?: string;
 }
+
+/** What the router tells a binding of a call it made to one of its members. */
+export type EncodeCallOutcome = CallOutcome;
 
 /**
  * A live connection to one Encode target: round-robin over the members it
@@ -25,8 +31,16 @@ export interface EncodeMember {
 export interface EncodeBinding {
   /** The next admitted member; undefined when none is admitted or the binding is retired. */
   pick(): EncodeMember | undefined;
+  /** How a call to the member picked under `key` went (feeds outlier ejection). */
+  report?(key: string, outcome: EncodeCallOutcome): void;
   /** Retires the binding: picks made afterwards fail at once. */
   close(): void;
+}
+
+/** What a binding tells the router while it lives. */
+export interface BindingEvents {
+  /** The number of admitted members changed: none makes the hop Unavailable, some make it Active. */
+  admitted(count: number): void;
 }
 
 /**
@@ -37,7 +51,7 @@ export interface EncodeBinding {
 export interface EncodeTarget {
   readonly id: string;
   /** Builds the binding; may fail (then retried every second while the target is current). */
-  bind(signal: AbortSignal): Promise<EncodeBinding>;
+  bind(signal: AbortSignal, events?: BindingEvents): Promise<EncodeBinding>;
 }
 
 /** Why a request went downstream without an encoder result. */
@@ -59,8 +73,12 @@ export interface HopCallOptions {
   readonly requestId: string;
   /** Metadata to forward (the caller's headers that matter downstream). */
   readonly headers?: Readonly<Record<string, string>>;
-  /** The caller's cancellation: ends the encode call, never the downstream call after a result. */
-  readonly signal?: AbortSignal;
+  /**
+   * Longest the encode call may take. The call has its own context bounded
+   * by this, never the caller's signal: a worker that was asked to encode
+   * hands out tensors that only the downstream call releases, so a caller
+   * leaving mid-encode must not cut the call.
+   */
   readonly timeoutMs?: number;
 }
 
@@ -72,6 +90,8 @@ export interface EncoderRouterOptions {
   readonly onLifecycle?: (state: EncoderLifecycle) => void;
   /** Told of every request that fell back to downstream inline encoding. */
   readonly onFallback?: (cause: FallbackCause, member: string | undefined) => void;
+  /** Told of every multimodal request passed through because no member is admitted (the hop is not Active). */
+  readonly onUnavailable?: () => void;
   /** Told of every request encoded, with the member that encoded it. */
   readonly onEncoded?: (member: string) => void;
 }
@@ -117,12 +137,15 @@ export async function consumeEncodeStream(stream: AsyncIterable<AnnotatedOutput>
  * driver a module hands to its task supervisor.
  */
 export class EncoderRouter {
-  private lifecycle: EncoderLifecycle = "unavailable";
+  /** Pending until a binding says how many members it admits, as the reference starts. */
+  private lifecycle: EncoderLifecycle = "pending";
   private target: EncodeTarget | undefined;
   private binding: { readonly targetId: string; readonly binding: EncodeBinding } | undefined;
   /** Aborted (and replaced) whenever the target changes or the router closes. */
   private epoch = new AbortController();
   private closed = false;
+  /** Members the current binding admits (as it last said). */
+  private admitted = 0;
   private readonly retryMs: number;
 
   constructor(private readonly options: EncoderRouterOptions) {
@@ -143,12 +166,13 @@ export class EncoderRouter {
    * id keeps its binding; another one drops it and waits for a new one.
    */
   setTarget(target: EncodeTarget | undefined): void {
-    if (this.closed || target?.id === this.target?.id) return;
+    if (this.closed || (target !== undefined && target.id === this.target?.id)) return;
     this.target = target;
     if (target === undefined) {
+      this.retire();
       this.setLifecycle("unavailable");
     } else if (this.binding?.targetId === target.id) {
-      this.setLifecycle("active");
+      this.setLifecycle(this.admitted > 0 ? "active" : "unavailable");
     } else {
       this.retire();
       this.setLifecycle("pending");
@@ -172,14 +196,24 @@ export class EncoderRouter {
           continue;
         }
         try {
-          const binding = await target.bind(round.signal);
+          // Until the binding says otherwise, a bound target routes (a binding that never reports admits its members as they are).
+          let bound = false;
+          this.admitted = 1;
+          const events: BindingEvents = {
+            admitted: (count) => {
+              this.admitted = count;
+              if (bound && this.binding?.targetId === target.id) this.setLifecycle(count > 0 ? "active" : "unavailable");
+            },
+          };
+          const binding = await target.bind(round.signal, events);
           if (round.signal.aborted || this.closed) {
             binding.close();
             continue;
           }
           this.binding = { targetId: target.id, binding };
-          this.setLifecycle("active");
-          this.options.logger.info({ target: target.id }, "encode target activated");
+          bound = true;
+          this.setLifecycle(this.admitted > 0 ? "active" : "unavailable");
+          this.options.logger.info({ target: target.id, admitted: this.admitted }, "encode target bound");
         } catch (err) {
           if (round.signal.aborted) continue;
           this.options.logger.error({ err, target: target.id }, "failed to activate the encode target; retrying");
@@ -205,19 +239,29 @@ export class EncoderRouter {
    * encode returns the original request (media intact, no encoder result).
    */
   async prepare(request: PreprocessedRequest, call: HopCallOptions): Promise<PreprocessedRequest> {
-    if (this.lifecycle !== "active" || !shouldEncode(request)) return request;
+    if (!shouldEncode(request)) return request;
+    if (this.lifecycle !== "active") {
+      // The reference's None target: no admitted member, no error per request.
+      this.options.onUnavailable?.();
+      return request;
+    }
+    const binding = this.binding?.binding;
     let member: EncodeMember | undefined;
     try {
-      member = this.binding?.binding.pick();
+      member = binding?.pick();
       if (member === undefined) throw new EncodeHopError("no_member", "no Encode worker is admitted");
       const client = createClient(EncodeWorkerService, member.transport);
       const headers = new Headers(call.headers ?? {});
       headers.set("x-request-id", call.requestId);
-      const responses = client.encode(
-        { request },
-        { headers, ...(call.signal ? { signal: call.signal } : {}), ...(call.timeoutMs !== undefined ? { timeoutMs: call.timeoutMs } : {}) },
-      );
-      const outcome = await consumeEncodeStream(outputsOf(responses));
+      const responses = client.encode({ request }, { headers, ...(call.timeoutMs !== undefined ? { timeoutMs: call.timeoutMs } : {}) });
+      let outcome: EncodeOutcome;
+      try {
+        outcome = await consumeEncodeStream(outputsOf(responses));
+      } catch (err) {
+        if (member.key !== undefined) binding?.report?.(member.key, callOutcomeOf(err));
+        throw err;
+      }
+      if (member.key !== undefined) binding?.report?.(member.key, "success");
       // Once a worker has handed out a transfer handle, the request goes
       // downstream even if the caller has gone: the receiver owns transfer
       // completion and buffer release.
@@ -228,7 +272,7 @@ export class EncoderRouter {
       return encoded;
     } catch (err) {
       const cause = err instanceof EncodeHopError ? err.cause_ : "transport";
-      this.options.logger.error(
+      this.options.logger.warn(
         { err, cause, member: member?.id, requestId: call.requestId },
         "Encoder hop failed; falling back to downstream inline encoding",
       );
@@ -253,6 +297,20 @@ export class EncoderRouter {
     this.lifecycle = state;
     this.options.onLifecycle?.(state);
   }
+}
+
+/**
+ * What a failed encode call says of the member's health: its answers
+ * (an error item, a missing terminal) mean it is alive; a refused
+ * connection, a deadline or a broken transport do not.
+ */
+function callOutcomeOf(err: unknown): EncodeCallOutcome {
+  if (err instanceof EncodeHopError) return "success";
+  if (isRefused(err)) return "refused";
+  const code = ConnectError.from(err).code;
+  if (code === Code.DeadlineExceeded) return "timeout";
+  if (code === Code.ResourceExhausted || code === Code.InvalidArgument || code === Code.Unauthenticated || code === Code.PermissionDenied) return "success";
+  return "transport";
 }
 
 async function* outputsOf(responses: AsyncIterable<{ output?: AnnotatedOutput | undefined }>): AsyncGenerator<AnnotatedOutput> {

@@ -13,6 +13,7 @@ import { mediaModule, type MediaPipeline } from "../media/index.js";
 import { bindService, defineModule } from "../server/index.js";
 import { EtcdRegistration, etcdDiscoverySchema } from "../discovery/index.js";
 import { Semaphore } from "../util/index.js";
+import { ENCODE_WORKER_CARD } from "./card.js";
 
 /** The `encodeWorker` config section; every key defaulted, so `{}` parses. */
 export const encodeWorkerConfigSchema = z.strictObject({
@@ -203,6 +204,8 @@ export const encodeWorkerModule = defineModule({
         const created = await EtcdRegistration.create({
           ...register,
           address: ctx.advertisedAddress,
+          // The card hops admit by (see card.ts).
+          metadata: { ...ENCODE_WORKER_CARD, component: register.component, endpoint: register.endpoint },
           logger: ctx.logger,
         });
         registration = created;

@@ -49,12 +49,36 @@ function readCa(file: string): Buffer {
   }
 }
 
+/** The channel's own credential (token or tokenFile), or undefined; an unreadable or empty file is a ChannelConfigError. */
+function channelToken(options: ChannelOptions): string | undefined {
+  if (options.token !== "") return options.token;
+  if (options.tokenFile === "") return undefined;
+  let text: string;
+  try {
+    text = readFileSync(options.tokenFile, "utf8").trim();
+  } catch (err) {
+    throw new ChannelConfigError("tokenFile", `cannot read ${options.tokenFile}: ${(err as Error).message}`);
+  }
+  if (text === "" || /\s/.test(text)) throw new ChannelConfigError("tokenFile", `${options.tokenFile} must hold one token (non-empty, no white space inside)`);
+  return text;
+}
+
+/** Sends the channel's credential on every call, replacing one the caller passed on. */
+function bearerInterceptor(token: string): Interceptor {
+  const value = `Bearer ${token}`;
+  return (next) => (req) => {
+    req.header.set("authorization", value);
+    return next(req);
+  };
+}
+
 /**
  * A gRPC channel to `target` (`HOST:PORT` or `[IPv6]:PORT`): cleartext
  * HTTP/2 (h2c, prior knowledge), or TLS with `options.tls`. Every call gets
  * deadline propagation and `x-request-id` from the CallContext in its
  * `contextValues` (see withCallContext), and client metrics when
- * `deps.registry` is given. Throws ChannelConfigError when the CA file
+ * `deps.registry` is given, and the channel's own credential when `token`
+ * or `tokenFile` is set. Throws ChannelConfigError when the CA or token file
  * cannot be read, and a RangeError for a target that is not HOST:PORT.
  */
 export function createChannel(target: string, options: ChannelOptions, deps: ChannelDeps = {}): Channel {
@@ -99,7 +123,9 @@ export function createChannel(target: string, options: ChannelOptions, deps: Cha
     return next(req);
   };
   const extra = deps.registry ? [metricsInterceptor(clientMetrics(deps.registry))] : [];
-  const interceptors = outboundInterceptors(extra, [...(deps.interceptors ?? []), track]);
+  const token = channelToken(options);
+  const credentials = token === undefined ? [] : [bearerInterceptor(token)];
+  const interceptors = outboundInterceptors(extra, [...credentials, ...(deps.interceptors ?? []), track]);
   const connectTransport = createGrpcTransport({
     baseUrl,
     sessionManager: session,

@@ -45,8 +45,17 @@ export const channelConfigSchema = z
      * connect's transport for every call. Default true.
      */
     leanPath: z.boolean().default(true),
+    /**
+     * A service credential: `authorization: Bearer <token>` on every call of the channel, in place
+     * of any the caller passes on. "" (default): none of its own.
+     */
+    token: z.string().default(""),
+    /** The same, read from a file (a mounted Secret) when the channel is built; surrounding white space is dropped. */
+    tokenFile: z.string().default(""),
   })
   .superRefine((c, ctx) => {
+    if (c.token !== "" && c.tokenFile !== "") ctx.addIssue({ code: "custom", path: ["tokenFile"], message: "token and tokenFile are alternatives: set one" });
+    if (/\s/.test(c.token)) ctx.addIssue({ code: "custom", path: ["token"], message: "a token cannot contain white space" });
     if (c.tls) return;
     if (c.caFile !== "") ctx.addIssue({ code: "custom", path: ["caFile"], message: "caFile needs tls: true" });
     if (c.serverName !== "") ctx.addIssue({ code: "custom", path: ["serverName"], message: "serverName needs tls: true" });

@@ -15,6 +15,12 @@ export interface CallContext {
    * made after it fails at once with DEADLINE_EXCEEDED.
    */
   readonly deadline?: number;
+  /**
+   * Metadata passed on from the inbound call (its credentials, its trace
+   * context): each is sent unless the caller set that header itself, and a
+   * channel's own credential replaces `authorization`.
+   */
+  readonly headers?: Readonly<Record<string, string>>;
 }
 
 export const callContextKey = createContextKey<CallContext>({}, { description: "mmgate outbound call context" });
@@ -38,4 +44,33 @@ export function callContextOf(ctx: Pick<HandlerContext, "values" | "requestHeade
 /** `contextValues` for a downstream call made while handling `ctx` (see callContextOf). */
 export function outboundContextValues(ctx: Pick<HandlerContext, "values" | "requestHeader" | "timeoutMs">): ContextValues {
   return withCallContext(callContextOf(ctx));
+}
+
+/** The context metadata every hop passes on: W3C trace context and baggage (x-request-id travels as the request id). */
+export const CONTEXT_HEADERS: readonly string[] = ["traceparent", "tracestate", "baggage"];
+
+/** Headers that belong to one connection or to the protocol, never passed on whatever a config says. */
+const NEVER_PASSED_ON = /^(:|grpc-|content-|connect-|te$|host$|connection$|keep-alive$|proxy-|transfer-encoding$|upgrade$|trailer$|accept-encoding$|user-agent$|x-request-id$)/;
+
+/** Whether `name` may be listed as context metadata to pass on (a lower-case header name that is not a protocol one). */
+export function isPassOnHeaderName(name: string): boolean {
+  return /^[a-z0-9][a-z0-9._-]*$/.test(name) && !NEVER_PASSED_ON.test(name);
+}
+
+/**
+ * The inbound call's metadata to pass on: `names` (the context headers and
+ * any configured extra), and its `authorization` when `authorization` is
+ * true (one token domain: the caller's credential opens the next hop too).
+ */
+export function passedOnHeaders(ctx: Pick<HandlerContext, "requestHeader">, names: readonly string[], authorization: boolean): Record<string, string> {
+  const out: Record<string, string> = {};
+  for (const name of names) {
+    const value = ctx.requestHeader.get(name);
+    if (value !== null) out[name] = value;
+  }
+  if (authorization) {
+    const value = ctx.requestHeader.get("authorization");
+    if (value !== null) out["authorization"] = value;
+  }
+  return out;
 }

@@ -12,7 +12,7 @@ export { ChannelPool } from "./pool.js";
 export type { ChannelFactory } from "./pool.js";
 export { RoundRobinPicker } from "./picker.js";
 export type { PickerOptions } from "./picker.js";
-export { outboundContextValues, withCallContext } from "./context.js";
+export { callContextOf, CONTEXT_HEADERS, isPassOnHeaderName, outboundContextValues, passedOnHeaders, withCallContext } from "./context.js";
 export type { CallContext } from "./context.js";
 export { inProcessTransport } from "./in-process.js";
 export type { InProcessOptions } from "./in-process.js";

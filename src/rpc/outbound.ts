@@ -3,10 +3,11 @@ import type { Interceptor, Transport } from "@connectrpc/connect";
 import { observeStream } from "../util/index.js";
 import { callContextKey } from "./context.js";
 
-/** Sends the call context's request id as `x-request-id`, unless the caller set that header itself. */
+/** Sends the call context's request id as `x-request-id`, and its passed-on headers, unless the caller set them itself. */
 const requestIdInterceptor: Interceptor = (next) => (req) => {
-  const { requestId } = req.contextValues.get(callContextKey);
+  const { requestId, headers } = req.contextValues.get(callContextKey);
   if (requestId !== undefined && requestId !== "" && !req.header.has("x-request-id")) req.header.set("x-request-id", requestId);
+  if (headers !== undefined) for (const [name, value] of Object.entries(headers)) if (!req.header.has(name)) req.header.set(name, value);
   return next(req);
 };
 

@@ -1,7 +1,9 @@
 import * as http2 from "node:http2";
 import type { AddressInfo } from "node:net";
 import { expect } from "chai";
-import { Code, ConnectError, createClient } from "@connectrpc/connect";
+import * as grpc from "@grpc/grpc-js";
+import { Code, ConnectError, createClient, type Interceptor, type Transport } from "@connectrpc/connect";
+import { createGrpcTransport } from "@connectrpc/connect-node";
 import { z } from "zod";
 import { EncodeHopService, Lifecycle } from "../../gen/mmgate/encode/v1/encode_pb.js";
 import { Health, HealthCheckResponse_ServingStatus as S } from "../../gen/grpc/health/v1/health_pb.js";
@@ -10,8 +12,14 @@ import { encodeHopModule, encodeWorkerModule, tokenWorkerModule } from "../../sr
 import { defineEncodeHopModule } from "../../src/encode/hop.js";
 import { bindService, defineModule } from "../../src/server/index.js";
 import { mediaModule } from "../../src/media/index.js";
-import { eventually, grpcServerStream, startServer, type InProcessServer } from "../support/index.js";
+import { connectErrorOf, eventually, grpcServerStream, startServer, type InProcessServer } from "../support/index.js";
 import { encodeRaw, pattern } from "../media/fixtures.js";
+
+function metadataWith(token: string): grpc.Metadata {
+  const metadata = new grpc.Metadata();
+  metadata.set("authorization", `Bearer ${token}`);
+  return metadata;
+}
 
 interface Report {
   encoder_result_present: boolean;
@@ -24,26 +32,59 @@ function reportOf(outputs: { output?: { data?: { extraArgs?: unknown } } }[]): R
   const extra = outputs.at(-1)?.output?.data?.extraArgs as { kind?: { case?: string; value?: unknown } } | undefined;
   const value = extra?.kind?.value as { fields?: Record<string, { kind: { value: unknown } }> } | undefined;
   if (!value?.fields) throw new Error("no report in the last output");
-  return Object.fromEntries(Object.entries(value.fields).map(([k, v]) => [k, v.kind.value])) as unknown as Report;
+  // The counts only: the token worker's per-item receipts are tested in receiver.test.ts.
+  const counts = ["encoder_result_present", "media_items", "encoder_items"];
+  return Object.fromEntries(Object.entries(value.fields).filter(([k]) => counts.includes(k)).map(([k, v]) => [k, v.kind.value])) as unknown as Report;
 }
 
-describe("encode: the hop in one process (encode worker and token worker in memory)", () => {
+const TOKEN = "hop-test-token-0123456789";
+
+/** A transport that presents `token` (none when undefined), as a client of a server with auth on must. */
+function transportWith(baseUrl: string, token: string | undefined): Transport {
+  const auth: Interceptor = (next) => (req) => {
+    if (token !== undefined) req.header.set("authorization", `Bearer ${token}`);
+    return next(req);
+  };
+  return createGrpcTransport({ baseUrl, interceptors: [auth] });
+}
+
+// The hop as deployed with auth on (its own calls to the Encode and token
+// workers must carry the caller's credentials) and off; both RPC paths run it.
+for (const token of [undefined, TOKEN]) describe(`encode: the hop in one process (encode worker and token worker in memory), auth ${token ? "on" : "off"}`, () => {
   let server: InProcessServer;
+  let transport: Transport;
   let png: Buffer;
   const dataUrl = (bytes: Buffer) => `data:image/png;base64,${bytes.toString("base64")}`;
   const multimodal = (url: string) => ({ tokenIds: [1, 2, 3], multiModalData: { image: { items: [{ data: { case: "url" as const, value: url } }] } } });
 
   before(async () => {
     png = await encodeRaw(pattern(16 * 16 * 3), 16, 16, 3, "png");
-    server = await startServer({ modules: [mediaModule, encodeWorkerModule, tokenWorkerModule, encodeHopModule] });
+    server = await startServer({ modules: [mediaModule, encodeWorkerModule, tokenWorkerModule, encodeHopModule], config: token ? { auth: { token } } : {} });
+    transport = transportWith(server.baseUrl, token);
     await eventually(async () => expect((await createClient(EncodeHopService, server.transport).getStatus({})).lifecycle).to.equal(Lifecycle.ACTIVE));
   });
   after(() => server.close());
 
   async function generate(request: object) {
     const out = [];
-    for await (const res of createClient(EncodeHopService, server.transport).generate({ request })) out.push(res);
+    for await (const res of createClient(EncodeHopService, transport).generate({ request })) out.push(res);
     return out;
+  }
+
+  if (token) {
+    it("refuses a caller without the token, and encodes for one with it (no fallback: its own calls carry the caller's credential)", async () => {
+      const refused = await connectErrorOf(
+        (async () => {
+          for await (const _ of createClient(EncodeHopService, server.transport).generate({ request: multimodal(dataUrl(png)) })) void _;
+        })(),
+      );
+      expect(refused.code).to.equal(Code.Unauthenticated);
+      const before = await createClient(EncodeHopService, server.transport).getStatus({});
+      expect(reportOf(await generate(multimodal(dataUrl(png))))).to.deep.include({ encoder_result_present: true, encoder_items: 1 });
+      const after = await createClient(EncodeHopService, server.transport).getStatus({});
+      expect(after.fallbacks).to.deep.equal(before.fallbacks);
+      expect(after.encoded).to.equal(before.encoded + 1n);
+    });
   }
 
   it("is ready once its Encode target is bound", async () => {
@@ -52,18 +93,18 @@ describe("encode: the hop in one process (encode worker and token worker in memo
 
   it("a multimodal request reaches the token worker with an encoder_result", async () => {
     const report = reportOf(await generate(multimodal(dataUrl(png))));
-    expect(report).to.deep.equal({ encoder_result_present: true, media_items: 1, encoder_items: 1 });
+    expect(report).to.deep.include({ encoder_result_present: true, media_items: 1, encoder_items: 1 });
   });
 
   it("a text-only request passes through unchanged", async () => {
     const report = reportOf(await generate({ tokenIds: [5, 6] }));
-    expect(report).to.deep.equal({ encoder_result_present: false, media_items: 0, encoder_items: 0 });
+    expect(report).to.deep.include({ encoder_result_present: false, media_items: 0, encoder_items: 0 });
   });
 
   it("bad media falls back: the request still succeeds, without an encoder_result, media kept", async () => {
     const before = (await createClient(EncodeHopService, server.transport).getStatus({})).fallbacks["encode_error"] ?? 0n;
     const report = reportOf(await generate(multimodal("http://127.0.0.1:1/blocked.png")));
-    expect(report).to.deep.equal({ encoder_result_present: false, media_items: 1, encoder_items: 0 });
+    expect(report).to.deep.include({ encoder_result_present: false, media_items: 1, encoder_items: 0 });
     const status = await createClient(EncodeHopService, server.transport).getStatus({});
     expect(status.fallbacks["encode_error"]).to.equal(before + 1n);
   });
@@ -83,7 +124,7 @@ describe("encode: the hop in one process (encode worker and token worker in memo
       client,
       "Generate",
       { request: { tokenIds: [1], multiModalData: { image: { items: [{ url: dataUrl(png) }] } } } },
-      { deadline: new Date(Date.now() + 15_000) },
+      { deadline: new Date(Date.now() + 15_000), metadata: token ? metadataWith(token) : new grpc.Metadata() },
     );
     expect(outputs.length).to.be.greaterThan(1);
     expect(outputs.at(-1)?.output?.data?.finishReason?.kind).to.equal("KIND_LENGTH");

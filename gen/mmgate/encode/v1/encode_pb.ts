@@ -15,7 +15,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file mmgate/encode/v1/encode.proto.
  */
 export const file_mmgate_encode_v1_encode: GenFile = /*@__PURE__*/
-  fileDesc("Ch1tbWdhdGUvZW5jb2RlL3YxL2VuY29kZS5wcm90bxIQbW1nYXRlLmVuY29kZS52MSJECg1FbmNvZGVSZXF1ZXN0EjMKB3JlcXVlc3QYASABKAsyIi5tbWdhdGUubGxtLnYxLlByZXByb2Nlc3NlZFJlcXVlc3QiQAoORW5jb2RlUmVzcG9uc2USLgoGb3V0cHV0GAEgASgLMh4ubW1nYXRlLmxsbS52MS5Bbm5vdGF0ZWRPdXRwdXQiRgoPR2VuZXJhdGVSZXF1ZXN0EjMKB3JlcXVlc3QYASABKAsyIi5tbWdhdGUubGxtLnYxLlByZXByb2Nlc3NlZFJlcXVlc3QiQgoQR2VuZXJhdGVSZXNwb25zZRIuCgZvdXRwdXQYASABKAsyHi5tbWdhdGUubGxtLnYxLkFubm90YXRlZE91dHB1dCISChBHZXRTdGF0dXNSZXF1ZXN0IkkKBk1lbWJlchIKCgJpZBgBIAEoCRIPCgdhZGRyZXNzGAIgASgJEhAKCHJlcXVlc3RzGAMgASgEEhAKCGZhaWx1cmVzGAQgASgEIrQCChFHZXRTdGF0dXNSZXNwb25zZRIuCglsaWZlY3ljbGUYASABKA4yGy5tbWdhdGUuZW5jb2RlLnYxLkxpZmVjeWNsZRIRCgl0YXJnZXRfaWQYAiABKAkSEgoKZ2VuZXJhdGlvbhgDIAEoBBIpCgdtZW1iZXJzGAQgAygLMhgubW1nYXRlLmVuY29kZS52MS5NZW1iZXISRQoJZmFsbGJhY2tzGAUgAygLMjIubW1nYXRlLmVuY29kZS52MS5HZXRTdGF0dXNSZXNwb25zZS5GYWxsYmFja3NFbnRyeRITCgtwYXNzdGhyb3VnaBgGIAEoBBIPCgdlbmNvZGVkGAcgASgEGjAKDkZhbGxiYWNrc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoBDoCOAEqbgoJTGlmZWN5Y2xlEhkKFUxJRkVDWUNMRV9VTlNQRUNJRklFRBAAEhUKEUxJRkVDWUNMRV9QRU5ESU5HEAESFAoQTElGRUNZQ0xFX0FDVElWRRACEhkKFUxJRkVDWUNMRV9VTkFWQUlMQUJMRRADMmoKE0VuY29kZVdvcmtlclNlcnZpY2USUwoGRW5jb2RlEh8ubW1nYXRlLmVuY29kZS52MS5FbmNvZGVSZXF1ZXN0GiAubW1nYXRlLmVuY29kZS52MS5FbmNvZGVSZXNwb25zZSIEyPMYAjABMskBChBFbmNvZGVIb3BTZXJ2aWNlElkKCEdlbmVyYXRlEiEubW1nYXRlLmVuY29kZS52MS5HZW5lcmF0ZVJlcXVlc3QaIi5tbWdhdGUuZW5jb2RlLnYxLkdlbmVyYXRlUmVzcG9uc2UiBMjzGAIwARJaCglHZXRTdGF0dXMSIi5tbWdhdGUuZW5jb2RlLnYxLkdldFN0YXR1c1JlcXVlc3QaIy5tbWdhdGUuZW5jb2RlLnYxLkdldFN0YXR1c1Jlc3BvbnNlIgTI8xgBYgZwcm90bzM", [file_mmgate_llm_v1_output, file_mmgate_llm_v1_request, file_mmgate_options_v1_options]);
+  fileDesc("Ch1tbWdhdGUvZW5jb2RlL3YxL2VuY29kZS5wcm90bxIQbW1nYXRlLmVuY29kZS52MSJECg1FbmNvZGVSZXF1ZXN0EjMKB3JlcXVlc3QYASABKAsyIi5tbWdhdGUubGxtLnYxLlByZXByb2Nlc3NlZFJlcXVlc3QiQAoORW5jb2RlUmVzcG9uc2USLgoGb3V0cHV0GAEgASgLMh4ubW1nYXRlLmxsbS52MS5Bbm5vdGF0ZWRPdXRwdXQiRgoPR2VuZXJhdGVSZXF1ZXN0EjMKB3JlcXVlc3QYASABKAsyIi5tbWdhdGUubGxtLnYxLlByZXByb2Nlc3NlZFJlcXVlc3QiQgoQR2VuZXJhdGVSZXNwb25zZRIuCgZvdXRwdXQYASABKAsyHi5tbWdhdGUubGxtLnYxLkFubm90YXRlZE91dHB1dCISChBHZXRTdGF0dXNSZXF1ZXN0ItcBCgZNZW1iZXISCgoCaWQYASABKAkSDwoHYWRkcmVzcxgCIAEoCRIQCghyZXF1ZXN0cxgDIAEoBBIQCghmYWlsdXJlcxgEIAEoBBIsCgVzdGF0ZRgFIAEoDjIdLm1tZ2F0ZS5lbmNvZGUudjEuTWVtYmVyU3RhdGUSHQoVZWplY3RlZF91bnRpbF91bml4X21zGAYgASgEEg4KBnJlYXNvbhgHIAEoCRIcChRjb25zZWN1dGl2ZV9mYWlsdXJlcxgIIAEoDRIRCgllamVjdGlvbnMYCSABKA0itAIKEUdldFN0YXR1c1Jlc3BvbnNlEi4KCWxpZmVjeWNsZRgBIAEoDjIbLm1tZ2F0ZS5lbmNvZGUudjEuTGlmZWN5Y2xlEhEKCXRhcmdldF9pZBgCIAEoCRISCgpnZW5lcmF0aW9uGAMgASgEEikKB21lbWJlcnMYBCADKAsyGC5tbWdhdGUuZW5jb2RlLnYxLk1lbWJlchJFCglmYWxsYmFja3MYBSADKAsyMi5tbWdhdGUuZW5jb2RlLnYxLkdldFN0YXR1c1Jlc3BvbnNlLkZhbGxiYWNrc0VudHJ5EhMKC3Bhc3N0aHJvdWdoGAYgASgEEg8KB2VuY29kZWQYByABKAQaMAoORmFsbGJhY2tzRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgEOgI4ASpuCglMaWZlY3ljbGUSGQoVTElGRUNZQ0xFX1VOU1BFQ0lGSUVEEAASFQoRTElGRUNZQ0xFX1BFTkRJTkcQARIUChBMSUZFQ1lDTEVfQUNUSVZFEAISGQoVTElGRUNZQ0xFX1VOQVZBSUxBQkxFEAMqewoLTWVtYmVyU3RhdGUSHAoYTUVNQkVSX1NUQVRFX1VOU1BFQ0lGSUVEEAASGQoVTUVNQkVSX1NUQVRFX0NIRUNLSU5HEAESGQoVTUVNQkVSX1NUQVRFX0FETUlUVEVEEAISGAoUTUVNQkVSX1NUQVRFX0VKRUNURUQQAzJqChNFbmNvZGVXb3JrZXJTZXJ2aWNlElMKBkVuY29kZRIfLm1tZ2F0ZS5lbmNvZGUudjEuRW5jb2RlUmVxdWVzdBogLm1tZ2F0ZS5lbmNvZGUudjEuRW5jb2RlUmVzcG9uc2UiBMjzGAIwATLJAQoQRW5jb2RlSG9wU2VydmljZRJZCghHZW5lcmF0ZRIhLm1tZ2F0ZS5lbmNvZGUudjEuR2VuZXJhdGVSZXF1ZXN0GiIubW1nYXRlLmVuY29kZS52MS5HZW5lcmF0ZVJlc3BvbnNlIgTI8xgCMAESWgoJR2V0U3RhdHVzEiIubW1nYXRlLmVuY29kZS52MS5HZXRTdGF0dXNSZXF1ZXN0GiMubW1nYXRlLmVuY29kZS52MS5HZXRTdGF0dXNSZXNwb25zZSIEyPMYAWIGcHJvdG8z", [file_mmgate_llm_v1_output, file_mmgate_llm_v1_request, file_mmgate_options_v1_options]);
 
 /**
  * @generated from message mmgate.encode.v1.EncodeRequest
@@ -103,7 +103,7 @@ export const GetStatusRequestSchema: GenMessage<GetStatusRequest> = /*@__PURE__*
   messageDesc(file_mmgate_encode_v1_encode, 4);
 
 /**
- * One admitted Encode worker.
+ * One Encode worker of the pool.
  *
  * @generated from message mmgate.encode.v1.Member
  */
@@ -123,7 +123,7 @@ export type Member = Message<"mmgate.encode.v1.Member"> & {
   address: string;
 
   /**
-   * Encode calls sent to it since it was admitted.
+   * Encode calls sent to it since it joined.
    *
    * @generated from field: uint64 requests = 3;
    */
@@ -135,6 +135,40 @@ export type Member = Message<"mmgate.encode.v1.Member"> & {
    * @generated from field: uint64 failures = 4;
    */
   failures: bigint;
+
+  /**
+   * @generated from field: mmgate.encode.v1.MemberState state = 5;
+   */
+  state: MemberState;
+
+  /**
+   * When an ejected member may come back (Unix time, milliseconds); 0 otherwise.
+   *
+   * @generated from field: uint64 ejected_until_unix_ms = 6;
+   */
+  ejectedUntilUnixMs: bigint;
+
+  /**
+   * Why it is not admitted (e.g. "connection refused", "3 consecutive
+   * failures", "health: NOT_SERVING"); empty when admitted.
+   *
+   * @generated from field: string reason = 7;
+   */
+  reason: string;
+
+  /**
+   * Transport failures and timeouts in a row.
+   *
+   * @generated from field: uint32 consecutive_failures = 8;
+   */
+  consecutiveFailures: number;
+
+  /**
+   * Ejections in a row (each one longer, up to the cap).
+   *
+   * @generated from field: uint32 ejections = 9;
+   */
+  ejections: number;
 };
 
 /**
@@ -169,7 +203,7 @@ export type GetStatusResponse = Message<"mmgate.encode.v1.GetStatusResponse"> & 
   generation: bigint;
 
   /**
-   * The admitted members, ordered by id.
+   * Every member of the pool (admitted, checking and ejected), ordered by id.
    *
    * @generated from field: repeated mmgate.encode.v1.Member members = 4;
    */
@@ -206,7 +240,9 @@ export const GetStatusResponseSchema: GenMessage<GetStatusResponse> = /*@__PURE_
   messageDesc(file_mmgate_encode_v1_encode, 6);
 
 /**
- * Binding state of the hop. Mirrors the reference's lifecycle (0, 1, 2).
+ * Binding state of the hop: the reference's Pending, Active and Unavailable
+ * (its 0, 1 and 2), each shifted up by one here so that 0 stays the proto3
+ * "unset" value.
  *
  * @generated from enum mmgate.encode.v1.Lifecycle
  */
@@ -217,21 +253,22 @@ export enum Lifecycle {
   UNSPECIFIED = 0,
 
   /**
-   * A target is known and its binding is being built; requests pass through.
+   * The state a hop starts in: a target is known (or awaited) and its
+   * binding is being built; requests pass through.
    *
    * @generated from enum value: LIFECYCLE_PENDING = 1;
    */
   PENDING = 1,
 
   /**
-   * Bound: multimodal requests are encoded.
+   * Bound, with at least one admitted member: multimodal requests are encoded.
    *
    * @generated from enum value: LIFECYCLE_ACTIVE = 2;
    */
   ACTIVE = 2,
 
   /**
-   * No target; requests pass through.
+   * No target, or no admitted member: requests pass through.
    *
    * @generated from enum value: LIFECYCLE_UNAVAILABLE = 3;
    */
@@ -243,6 +280,47 @@ export enum Lifecycle {
  */
 export const LifecycleSchema: GenEnum<Lifecycle> = /*@__PURE__*/
   enumDesc(file_mmgate_encode_v1_encode, 0);
+
+/**
+ * Where one member of the Encode pool stands.
+ *
+ * @generated from enum mmgate.encode.v1.MemberState
+ */
+export enum MemberState {
+  /**
+   * @generated from enum value: MEMBER_STATE_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * Known, not taking traffic until its health check says SERVING (new
+   * members of a checked pool; members whose check said NOT_SERVING).
+   *
+   * @generated from enum value: MEMBER_STATE_CHECKING = 1;
+   */
+  CHECKING = 1,
+
+  /**
+   * In the round-robin rotation.
+   *
+   * @generated from enum value: MEMBER_STATE_ADMITTED = 2;
+   */
+  ADMITTED = 2,
+
+  /**
+   * Out of rotation after failures, until ejected_until_unix_ms has passed
+   * and its health check says SERVING.
+   *
+   * @generated from enum value: MEMBER_STATE_EJECTED = 3;
+   */
+  EJECTED = 3,
+}
+
+/**
+ * Describes the enum mmgate.encode.v1.MemberState.
+ */
+export const MemberStateSchema: GenEnum<MemberState> = /*@__PURE__*/
+  enumDesc(file_mmgate_encode_v1_encode, 1);
 
 /**
  * An Encode worker: encodes the media of a request and streams outputs that
