@@ -1,6 +1,6 @@
 import { expect } from "chai";
 import { xxh3 } from "@node-rs/xxhash";
-import { ByteRangeError, ONE_SHOT_MAX_BYTES, U64_MAX, xxh3_64, xxh3_64Parts, xxh3Low32, Xxh3Stream } from "../../src/bytes/index.js";
+import { ByteRangeError, ONE_SHOT_MAX_BYTES, U64_MAX, XXH3_IMPLEMENTATION, xxh3_64, xxh3_64Parts, xxh3Low32, Xxh3Stream } from "../../src/bytes/index.js";
 
 const SEEDS = [0n, 1n, 0x9e37_79b9_7f4a_7c15n, 2n ** 63n, U64_MAX];
 const SIZES = [0, 1, ONE_SHOT_MAX_BYTES - 1, ONE_SHOT_MAX_BYTES, ONE_SHOT_MAX_BYTES + 1, 1 << 20];
@@ -130,4 +130,29 @@ describe("XXH3-64 helpers", () => {
       }
     });
   }
+});
+
+describe("XXH3-64: the native implementation behind the helpers", () => {
+  it("is xxhash-addon where it ships a prebuild (linux, darwin and win32 on x64 and arm64)", function () {
+    if (!["linux", "darwin", "win32"].includes(process.platform) || !["x64", "arm64"].includes(process.arch)) this.skip();
+    expect(XXH3_IMPLEMENTATION).to.equal("xxhash-addon");
+  });
+
+  it("takes any Uint8Array view (odd offsets, shared memory, Buffer pool slices), never only Buffers, with the peer's digests", () => {
+    const size = 1 << 16;
+    const backing = new ArrayBuffer(size + 7);
+    const odd = new Uint8Array(backing, 3, size);
+    odd.set(data(size));
+    const shared = new Uint8Array(new SharedArrayBuffer(size));
+    shared.set(data(size));
+    const pooled = Buffer.from(data(4096)).subarray(5, 4001);
+    for (const [name, view] of [["odd offset", odd], ["shared", shared], ["pooled slice", pooled]] as const) {
+      for (const seed of SEEDS) {
+        const expected = peer(view, seed);
+        expect(xxh3_64(view, seed), `${name}, seed ${seed}`).to.equal(expected);
+        expect(xxh3_64Parts([view.subarray(0, 3000), view.subarray(3000)], seed), `${name} in parts, seed ${seed}`).to.equal(expected);
+        expect(new Xxh3Stream(seed).update(view.subarray(0, 100)).update(view.subarray(100)).digest(), `${name} streamed, seed ${seed}`).to.equal(expected);
+      }
+    }
+  });
 });
