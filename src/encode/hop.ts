@@ -89,6 +89,13 @@ export const encodeHopConfigSchema = z.strictObject({
       checkTimeoutMs: z.number().int().min(1).max(MAX_TIMER_MS).default(1000),
     })
     .prefault({}),
+  /**
+   * Longest the downstream may take to answer an encoded request (its first
+   * output) when the caller has left or its deadline has passed: the call
+   * is not cut before the receiver has taken the encoded items (it releases
+   * their tensors).
+   */
+  handoffTimeoutMs: z.number().int().min(1).max(MAX_TIMER_MS).default(30_000),
   /** How often the downstream's health is checked for the hop's readiness (remote downstream only); 0: never (always ready). */
   downstreamCheckIntervalMs: z.number().int().min(0).max(MAX_TIMER_MS).default(5000),
 });
@@ -401,18 +408,54 @@ function createHop(ctx: ModuleContext<EncodeHopConfig>, seams: HopSeams) {
       });
       if (attempted) metrics.duration.observe({ outcome: prepared === request ? "fallback" : "encoded" }, (performance.now() - started) / 1000);
       await seams.afterEncode?.({ encoded: prepared !== request, signal: handler.signal });
-      const call = { contextValues: withCallContext({ ...callContextOf(handler), headers: config.downstream === "local" ? localHeaders : headers }) };
-      if (prepared !== request && handler.signal.aborted) {
-        // The Encode worker handed out a transfer handle: the receiver must
-        // get it even though the caller has gone, to complete the transfer
-        // and release the buffers. Its output goes nowhere.
-        void (async () => {
-          for await (const _ of downstream.generate({ request: prepared }, call)) void _;
-        })().catch((err: unknown) => ctx.logger.warn({ err, requestId }, "downstream call for a departed caller failed"));
+      const downstreamHeaders = config.downstream === "local" ? localHeaders : headers;
+      if (prepared === request) {
+        const call = { contextValues: withCallContext({ ...callContextOf(handler), headers: downstreamHeaders }), signal: handler.signal };
+        for await (const res of downstream.generate({ request: prepared }, call)) yield { ...(res.output ? { output: res.output } : {}) };
         return;
       }
-      for await (const res of downstream.generate({ request: prepared }, { ...call, signal: handler.signal })) {
-        yield { ...(res.output ? { output: res.output } : {}) };
+      // Encoded: the Encode worker handed out transfer handles that only the
+      // receiver releases, so the downstream call must reach it even if the
+      // caller leaves (or its deadline passes) before then. Until the first
+      // output (the receiver has taken the items by then) the call has its
+      // own context, bounded by the hand-off timeout; from then on it ends
+      // with the caller.
+      const handoff = new AbortController();
+      const handoffTimer = setTimeout(
+        () => handoff.abort(new ConnectError("the downstream did not take the encoded request in time", Code.DeadlineExceeded)),
+        config.handoffTimeoutMs,
+      );
+      let received = false;
+      const onCallerGone = () => {
+        if (received) handoff.abort(handler.signal.reason);
+      };
+      handler.signal.addEventListener("abort", onCallerGone, { once: true });
+      const call = { contextValues: withCallContext({ requestId, headers: downstreamHeaders }), signal: handoff.signal };
+      try {
+        for await (const res of downstream.generate({ request: prepared }, call)) {
+          if (!received) {
+            received = true;
+            clearTimeout(handoffTimer);
+            if (handler.signal.aborted) {
+              handoff.abort(handler.signal.reason);
+              return;
+            }
+          }
+          // Nobody to yield to: the receiver has what it needs, the rest of the output goes nowhere.
+          if (handler.signal.aborted) return;
+          yield { ...(res.output ? { output: res.output } : {}) };
+        }
+      } catch (err) {
+        if (handler.signal.aborted) {
+          ctx.logger.debug({ err, requestId }, "downstream call for a departed caller ended");
+          return;
+        }
+        throw err;
+      } finally {
+        clearTimeout(handoffTimer);
+        handler.signal.removeEventListener("abort", onCallerGone);
+        // Ended early (the caller left): the downstream call is cancelled, once its receiver had the request.
+        if (!handoff.signal.aborted && received) handoff.abort();
       }
     },
     getStatus() {

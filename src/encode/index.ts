@@ -20,11 +20,24 @@ export {
 } from "./worker.js";
 export {
   createTokenWorkerService,
+  defineTokenWorkerModule,
   demoToken,
   tokenWorkerConfigSchema,
   tokenWorkerModule,
   type TokenWorkerConfig,
+  type TokenWorkerSeams,
 } from "./token-worker.js";
+export {
+  receiptToJson,
+  receiverConfigSchema,
+  TensorReceiver,
+  type InboundCall,
+  type Receipt,
+  type ReceiptFailure,
+  type ReceiverConfig,
+  type ReceiverDeps,
+  type ReceiverSeams,
+} from "./receiver.js";
 export { encodeHopConfigSchema, encodeHopModule, type EncodeHopConfig } from "./hop.js";
 export { hopCommand, type HopCliIo } from "./cli.js";
 export { ENCODE_WORKER_CARD, notAnEncodeCard } from "./card.js";

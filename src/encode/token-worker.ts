@@ -12,6 +12,7 @@ import {
 } from "../../gen/mmgate/llm/v1/token_worker_pb.js";
 import { bindService, defineModule } from "../server/index.js";
 import { delay } from "../util/index.js";
+import { receiptToJson, receiverConfigSchema, TensorReceiver, type Receipt, type ReceiverSeams } from "./receiver.js";
 
 /** The `tokenWorker` config section; every key defaulted, so `{}` parses. */
 export const tokenWorkerConfigSchema = z.strictObject({
@@ -27,6 +28,12 @@ export const tokenWorkerConfigSchema = z.strictObject({
    * call; 0 (the default) streams as fast as it can.
    */
   tokenIntervalMs: z.number().int().min(0).max(60_000).default(0),
+  /**
+   * How the worker receives an encoder result's tensors: reads each from the
+   * tensor store its descriptor names, checks its content hash and releases
+   * it (docs/encode.md, "The demo token worker as a receiver").
+   */
+  receiver: receiverConfigSchema.prefault({}),
 });
 
 export type TokenWorkerConfig = z.output<typeof tokenWorkerConfigSchema>;
@@ -56,8 +63,12 @@ export function demoToken(seed: number, position: number, vocabSize: number): nu
   return fnv1a(seed, position) % vocabSize;
 }
 
-/** Counts reported on the final output: whether the hop attached an encoder result, and how many items. */
-function mediaReport(request: PreprocessedRequest | undefined) {
+/**
+ * What the final output reports: whether the hop attached an encoder
+ * result, how many media and encoder-result items there were, and, with an
+ * encoder result, one receipt per item.
+ */
+function mediaReport(request: PreprocessedRequest | undefined, receipts: readonly Receipt[] | undefined) {
   const mediaItems = Object.values(request?.multiModalData ?? {}).reduce((n, list) => n + list.items.length, 0);
   const encoderResult = request?.encoderResult;
   const items = encoderResult?.["items"];
@@ -65,6 +76,7 @@ function mediaReport(request: PreprocessedRequest | undefined) {
     encoder_result_present: encoderResult !== undefined,
     media_items: mediaItems,
     encoder_items: Array.isArray(items) ? items.length : 0,
+    ...(receipts !== undefined ? { receipts: receipts.map(receiptToJson) } : {}),
   };
 }
 
@@ -73,18 +85,23 @@ function output(data: MessageInitShape<typeof LLMEngineOutputSchema>): GenerateR
 }
 
 /**
- * TokenWorkerService as a deterministic stand-in for an engine: one output
- * per generated token (ids derived from the prompt and the position), then a
- * final output with finish_reason length whose extra_args reports what media
- * and encoder result reached it. A probe gets one final output (stop).
+ * TokenWorkerService as a deterministic stand-in for an engine: receives
+ * the tensors of the request's encoder result first (as an engine reads its
+ * embeddings before prefill), then one output per generated token (ids
+ * derived from the prompt and the position), then a final output with
+ * finish_reason length whose extra_args reports what media and encoder
+ * result reached it, with a receipt per item. A probe gets one final output
+ * (stop). Without a `receiver`, an encoder result is only counted.
  */
-export function createTokenWorkerService(config: TokenWorkerConfig): ServiceImpl<typeof TokenWorkerService> {
+export function createTokenWorkerService(config: TokenWorkerConfig, receiver?: TensorReceiver): ServiceImpl<typeof TokenWorkerService> {
   async function* generate(req: GenerateRequest, ctx: HandlerContext): AsyncGenerator<GenerateResponse> {
     const request = req.request;
     if (request?.isProbe) {
       yield output({ outputType: OutputType.TEXT, finishReason: { kind: FinishReason_Kind.STOP }, index: 0 });
       return;
     }
+    // Never throws; every tensor named by the result is released before it resolves.
+    const receipts = request?.encoderResult !== undefined && receiver !== undefined ? await receiver.receive(request.encoderResult, ctx) : undefined;
     const requested = request?.stopConditions?.maxTokens ?? config.defaultMaxTokens;
     const count = Math.min(requested, config.maxTokens);
     const seed = promptSeed(request?.tokenIds ?? []);
@@ -98,18 +115,39 @@ export function createTokenWorkerService(config: TokenWorkerConfig): ServiceImpl
       outputType: OutputType.TEXT,
       finishReason: { kind: FinishReason_Kind.LENGTH },
       index: 0,
-      extraArgs: fromJson(ValueSchema, mediaReport(request)),
+      extraArgs: fromJson(ValueSchema, mediaReport(request, receipts)),
     });
   }
   return { generate };
 }
 
-/** The `tokenWorker` module: a deterministic TokenWorkerService, the demo downstream of the encode hop. */
-export const tokenWorkerModule = defineModule({
-  name: "tokenWorker",
-  description: "Demo token worker: deterministic tokens, and a report of the media and encoder result it received",
-  configSchema: tokenWorkerConfigSchema,
-  create(ctx) {
-    return { services: [bindService(TokenWorkerService, createTokenWorkerService(ctx.config))] };
-  },
-});
+/** Points where a test holds or alters the token worker's work (never set in production). */
+export type TokenWorkerSeams = ReceiverSeams;
+
+/** The `tokenWorker` module with test seams (tokenWorkerModule has none). */
+export function defineTokenWorkerModule(seams: TokenWorkerSeams = {}) {
+  return defineModule({
+    name: "tokenWorker",
+    description: "Demo token worker: reads and verifies the encoder result's tensors, deterministic tokens, a report with a receipt per item",
+    configSchema: tokenWorkerConfigSchema,
+    create(ctx) {
+      const receiver = new TensorReceiver({
+        config: ctx.config.receiver,
+        logger: ctx.logger,
+        metrics: ctx.metrics,
+        advertisedAddress: ctx.advertisedAddress,
+        localRoutes: ctx.localRoutes,
+        seams,
+      });
+      return {
+        services: [bindService(TokenWorkerService, createTokenWorkerService(ctx.config, receiver))],
+        close() {
+          receiver.close();
+        },
+      };
+    },
+  });
+}
+
+/** The `tokenWorker` module: a deterministic TokenWorkerService, the demo downstream (and receiver) of the encode hop. */
+export const tokenWorkerModule = defineTokenWorkerModule();

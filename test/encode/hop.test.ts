@@ -271,4 +271,56 @@ describe("encode: a caller that leaves after the encode", () => {
       await server.close();
     }
   });
+
+  it("a caller that leaves (or whose deadline passes) while the downstream call is starting does not cut it before the receiver has the request", async () => {
+    // A token worker slow to take the request: it answers its first output only after a pause, and says whether the call was cut meanwhile.
+    const taken: { encoded: boolean; cutBeforeFirstOutput: boolean }[] = [];
+    let started!: () => void;
+    const downstreamStarted = new Promise<void>((resolve) => (started = resolve));
+    const slowTokenWorker = defineModule({
+      name: "slowTokenWorker",
+      description: "test: takes its time before the first output",
+      configSchema: z.object({}),
+      create: () => ({
+        services: [
+          bindService(TokenWorkerService, {
+            async *generate(req, ctx) {
+              if (req.request?.isProbe === true) {
+                yield { output: {} };
+                return;
+              }
+              started();
+              await new Promise((r) => setTimeout(r, 150));
+              taken.push({ encoded: req.request?.encoderResult !== undefined, cutBeforeFirstOutput: ctx.signal.aborted });
+              yield { output: {} };
+              yield { output: {} };
+            },
+          }),
+        ],
+      }),
+    });
+    const png = await encodeRaw(pattern(8 * 8 * 3), 8, 8, 3, "png");
+    const server = await startServer({ modules: [mediaModule, encodeWorkerModule, slowTokenWorker, encodeHopModule] });
+    try {
+      const hop = createClient(EncodeHopService, server.transport);
+      await eventually(async () => expect((await hop.getStatus({})).lifecycle).to.equal(Lifecycle.ACTIVE));
+      const request = { tokenIds: [1], multiModalData: { image: { items: [{ data: { case: "url" as const, value: `data:image/png;base64,${png.toString("base64")}` } }] } } };
+      // One caller cancels as the downstream call starts, one has a deadline that passes then.
+      const caller = new AbortController();
+      void downstreamStarted.then(() => caller.abort());
+      const cancelled = await (async () => {
+        for await (const _ of hop.generate({ request }, { signal: caller.signal })) void _;
+      })().catch((e: unknown) => ConnectError.from(e).code);
+      expect(cancelled).to.equal(Code.Canceled);
+      await eventually(() => expect(taken).to.deep.equal([{ encoded: true, cutBeforeFirstOutput: false }]));
+      const late = await (async () => {
+        for await (const _ of hop.generate({ request }, { timeoutMs: 60 })) void _;
+      })().catch((e: unknown) => ConnectError.from(e).code);
+      expect(late).to.equal(Code.DeadlineExceeded);
+      await eventually(() => expect(taken).to.have.length(2));
+      expect(taken[1]).to.deep.equal({ encoded: true, cutBeforeFirstOutput: false });
+    } finally {
+      await server.close();
+    }
+  });
 });

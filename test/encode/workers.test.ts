@@ -247,7 +247,14 @@ describe("encode and token workers", function () {
       expect(report(await generate(request))).to.deep.equal({ encoder_result_present: false, media_items: 2, encoder_items: 0 });
       const terminal = (await encode(request))[0]!;
       const encoded = await generate({ ...request, encoderResult: terminal.data!.encoderResult!, migrationLink: terminal.data!.workerTraceLink! });
-      expect(report(encoded)).to.deep.equal({ encoder_result_present: true, media_items: 2, encoder_items: 2 });
+      // With an encoder result, one receipt per item: read from the store, hash checked, released.
+      const hashes = resultItems(terminal).map((item) => item.content_hash);
+      expect(report(encoded)).to.deep.equal({
+        encoder_result_present: true,
+        media_items: 2,
+        encoder_items: 2,
+        receipts: hashes.map((content_hash, index) => ({ modality: "image", index, content_hash, shape: [H, W, 3], verified: true, released: true })),
+      });
     });
 
     it("answers a probe with one final output and no tokens", async () => {
