@@ -3,7 +3,7 @@ import { toJson, type JsonValue } from "@bufbuild/protobuf";
 import { ValueSchema } from "@bufbuild/protobuf/wkt";
 import { Command } from "commander";
 import { Code, createClient } from "@connectrpc/connect";
-import { EncodeHopService, Lifecycle } from "../../gen/mmgate/encode/v1/encode_pb.js";
+import { EncodeHopService, Lifecycle, MemberState } from "../../gen/mmgate/encode/v1/encode_pb.js";
 import type { AnnotatedOutput } from "../../gen/mmgate/llm/v1/output_pb.js";
 import { clientTransport, CliError, connectionContext, type ConnectionOptions, EXIT, ioError, reportError, snakeCodeName, STATUS_TIMEOUT_MS, tokenOption, withConnectionOptions, withExitCodes } from "../rpc/index.js";
 import { annotatedToJsonValue, LlmJsonError, preprocessedRequestFromJson, stringifyJson } from "../llm/index.js";
@@ -124,7 +124,17 @@ export function hopCommand(io: HopCliIo = { out: process.stdout, err: process.st
           lifecycle: (Lifecycle[s.lifecycle] ?? String(s.lifecycle)).toLowerCase(),
           target_id: s.targetId,
           generation: String(s.generation),
-          members: s.members.map((m) => ({ id: m.id, address: m.address, requests: String(m.requests), failures: String(m.failures) })),
+          members: s.members.map((m) => ({
+            id: m.id,
+            address: m.address,
+            state: (MemberState[m.state] ?? String(m.state)).toLowerCase(),
+            ...(m.reason !== "" ? { reason: m.reason } : {}),
+            ...(m.ejectedUntilUnixMs !== 0n ? { ejected_until: new Date(Number(m.ejectedUntilUnixMs)).toISOString() } : {}),
+            requests: String(m.requests),
+            failures: String(m.failures),
+            consecutive_failures: m.consecutiveFailures,
+            ejections: m.ejections,
+          })),
           fallbacks: Object.fromEntries(Object.entries(s.fallbacks).map(([k, v]) => [k, String(v)])),
           passthrough: String(s.passthrough),
           encoded: String(s.encoded),

@@ -117,10 +117,10 @@ describe("encode: mmgate hop", function () {
   it("status: prints the lifecycle, target, members and counters", async () => {
     const result = await run(["status", "--addr", server.addr]);
     expect(result.code).to.equal(0);
-    const status = JSON.parse(result.out) as { lifecycle: string; target_id: string; members: { id: string }[] };
+    const status = JSON.parse(result.out) as { lifecycle: string; target_id: string; members: { id: string; state: string }[] };
     expect(status.lifecycle).to.equal("active");
     expect(status.target_id).to.equal("local");
-    expect(status.members.map((m) => m.id)).to.deep.equal(["local"]);
+    expect(status.members.map((m) => [m.id, m.state])).to.deep.equal([["local", "admitted"]]);
   });
 });
 
