@@ -2,6 +2,7 @@ import * as http from "node:http";
 import * as http2 from "node:http2";
 import type { AddressInfo } from "node:net";
 import { mkdtemp, rm, writeFile } from "node:fs/promises";
+import { mkdtempSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { expect } from "chai";
@@ -26,7 +27,7 @@ import {
   type TensorStore,
 } from "../../src/media/index.js";
 import { defineModule } from "../../src/server/index.js";
-import { eventually, startChildServer, startServer, type ChildServer, type InProcessServer } from "../support/index.js";
+import { eventually, selfSignedCertificate, spawnMmgate, startChildServer, startServer, type ChildServer, type InProcessServer } from "../support/index.js";
 import { freePort } from "../support/process.js";
 import { encodeRaw, pattern } from "../media/fixtures.js";
 
@@ -366,38 +367,65 @@ async function storedTensors(adminAddr: string): Promise<number> {
   return Number(match[1]);
 }
 
-describe("encode: the receiver across processes (token worker and Encode worker in their own processes, the hop here)", function () {
+/**
+ * As production runs it (issue: the hop in a real deployment): TLS and a
+ * token on every process, each role its own process (an Encode worker, the
+ * token worker, the hop), and the executable's own client.
+ */
+describe("encode: deployed as processes with TLS and a token: hop generate is encoded in one process, verified in another, and nothing is left in the store", function () {
   this.timeout(90_000);
+  const token = "deployed-stack-token-0123456789";
   let tokenWorker: ChildServer;
   let encodeWorker: ChildServer;
-  let hopServer: InProcessServer;
+  let hop: ChildServer;
+  let cert: { certFile: string; keyFile: string };
+  let dir: string;
   let png: Buffer;
 
   before(async () => {
     png = await encodeRaw(pattern(32 * 16 * 3), 32, 16, 3, "png");
+    cert = selfSignedCertificate();
+    dir = mkdtempSync(join(tmpdir(), "mmgate-deployed-"));
+    const secured = { MMGATE_AUTH_TOKEN: token, MMGATE_TLS_CERT_FILE: cert.certFile, MMGATE_TLS_KEY_FILE: cert.keyFile };
     [tokenWorker, encodeWorker] = await Promise.all([
-      startChildServer(["--modules", "tokenWorker"]),
-      startChildServer(["--modules", "media,encodeWorker"]),
+      startChildServer(["--modules", "tokenWorker"], { ...secured, MMGATE_TOKEN_WORKER__RECEIVER__CHANNEL__TLS: "true", MMGATE_TOKEN_WORKER__RECEIVER__CHANNEL__CA_FILE: cert.certFile }),
+      startChildServer(["--modules", "media,encodeWorker"], secured),
     ]);
-    hopServer = await startServer({
-      modules: [encodeHopModule],
-      config: { encodeHop: { downstream: tokenWorker.addr, encoders: { discovery: "static", members: [{ id: "worker", address: encodeWorker.addr }] } } },
+    hop = await startChildServer(["--modules", "encodeHop"], {
+      ...secured,
+      MMGATE_ENCODE_HOP__DOWNSTREAM: tokenWorker.addr,
+      MMGATE_ENCODE_HOP__ENCODERS__DISCOVERY: "static",
+      MMGATE_ENCODE_HOP__ENCODERS__MEMBERS: JSON.stringify([{ id: "worker", address: encodeWorker.addr }]),
+      MMGATE_ENCODE_HOP__CHANNEL__TLS: "true",
+      MMGATE_ENCODE_HOP__CHANNEL__CA_FILE: cert.certFile,
     });
-    await eventually(async () => expect((await createClient(EncodeHopService, hopServer.transport).getStatus({})).lifecycle).to.equal(Lifecycle.ACTIVE));
   });
   after(async () => {
-    await hopServer?.close();
+    await hop?.close();
     await Promise.all([tokenWorker?.close(), encodeWorker?.close()]);
   });
 
-  it("the token worker reads the tensor over the network, verifies it and releases it; cancelled callers leave nothing behind", async () => {
-    const hop = createClient(EncodeHopService, hopServer.transport);
-    const expected = (await createClient(MediaService, encodeWorker.transport).decode({ source: { case: "data", value: png }, options: { skipStore: true } })).contentHashKey;
-    const request: RequestInit = { tokenIds: [1, 2], stopConditions: { maxTokens: 3 }, multiModalData: images(dataUrl(png)) };
-    const { outputs, code } = await callHop(hop, request);
-    expect(code).to.equal(undefined);
-    expect(reportOf(outputs).receipts).to.deep.equal([{ modality: "image", index: 0, content_hash: expected, shape: [16, 32, 3], verified: true, released: true }]);
-    for (let i = 0; i < 4; i++) expect((await callHop(hop, request, { leaveAfterFirst: true })).code).to.equal(Code.Canceled);
+  it("mmgate hop generate --ca --token: every item verified and released by the token worker; the Encode worker's store is empty after, cancelled callers included", async () => {
+    const file = join(dir, "request.json");
+    writeFileSync(file, JSON.stringify({ token_ids: [1, 2], stop_conditions: { max_tokens: 3 }, multi_modal_data: { image: [{ Url: dataUrl(png) }, { Url: dataUrl(png) }] } }));
+    const cli = ["hop", "generate", file, "--addr", hop.addr, "--ca", cert.certFile, "--token", token, "--json"];
+    const result = await spawnMmgate(cli);
+    expect(result.code, result.stderr).to.equal(0);
+    const receipts = (JSON.parse(result.stdout.trimEnd().split("\n").at(-1)!) as { receipts: Record<string, unknown>[] }).receipts;
+    expect(receipts.map((r) => [r["modality"], r["index"], r["shape"], r["verified"], r["released"]])).to.deep.equal([
+      ["image", 0, [16, 32, 3], true, true],
+      ["image", 1, [16, 32, 3], true, true],
+    ]);
+    expect(receipts[0]!["content_hash"]).to.match(/^[0-9a-f]{16}$/);
+    // No fallback: the hop's own calls carried the caller's credential over TLS.
+    const status = await spawnMmgate(["hop", "status", "--addr", hop.addr, "--ca", cert.certFile]);
+    const parsed = JSON.parse(status.stdout) as { encoded: string; fallbacks: Record<string, string> };
+    expect(parsed.fallbacks).to.deep.equal({});
+    expect(parsed.encoded).to.equal("1");
+    // Without the token the hop refuses the caller.
+    const refused = await spawnMmgate(["hop", "generate", file, "--addr", hop.addr, "--ca", cert.certFile]);
+    expect(refused.code).to.equal(1);
+    expect(refused.stderr).to.match(/unauthenticated/);
     await eventually(async () => expect(await storedTensors(encodeWorker.adminAddr)).to.equal(0));
   });
 });
