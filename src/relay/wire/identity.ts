@@ -138,7 +138,7 @@ export function poolIdToWire(id: PoolId): WireKvPoolId {
 
 /**
  * A producer identity from the wire, validated. The format must have no zero
- * field (malformed), be (1, 16, 4) and at most 2^24 buckets (unsupported),
+ * field but the seed (malformed), be (1, 16, 4) and at most 2^24 buckets (unsupported),
  * and have a power-of-two bucket count of at least 2 (malformed).
  */
 export function producerFromWire(producer: WireProducerIdentity | undefined, what = "producer"): ProducerIdentity {
@@ -147,7 +147,8 @@ export function producerFromWire(producer: WireProducerIdentity | undefined, wha
   const format = producer.ckfFormat;
   if (format === undefined) throw malformed(`${what}.ckf_format is required`);
   const { formatVersion, seed, bucketCount, fingerprintBits, slotsPerBucket } = format;
-  if (formatVersion === 0 || seed === 0n || bucketCount === 0n || fingerprintBits === 0 || slotsPerBucket === 0) {
+  // Upstream exempts the seed: 0 is a valid filter seed.
+  if (formatVersion === 0 || bucketCount === 0n || fingerprintBits === 0 || slotsPerBucket === 0) {
     throw malformed(`${what}.ckf_format must not have a zero field`);
   }
   if (formatVersion !== FORMAT_VERSION || fingerprintBits !== FINGERPRINT_BITS || slotsPerBucket !== SLOTS_PER_BUCKET) {
