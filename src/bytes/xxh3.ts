@@ -1,5 +1,6 @@
 import { createRequire } from "node:module";
 import { xxh3 } from "@node-rs/xxhash";
+import { rootUrl } from "../paths.js";
 import { assertU64 } from "./errors.js";
 
 /** xxhash-addon's XXH3-64 class: a big-endian 8-byte seed in, a big-endian 8-byte digest out; Buffers only. */
@@ -24,7 +25,8 @@ interface NativeXxh3Class {
 const native: NativeXxh3Class | undefined = (() => {
   if (process.env["MMGATE_XXH3"] === "node-rs") return undefined;
   try {
-    const addon = createRequire(import.meta.url)("xxhash-addon") as { XXHash3?: NativeXxh3Class };
+    // Resolved from the repository's root, whichever depth the calling file (or bundle chunk) sits at.
+    const addon = createRequire(new URL("package.json", rootUrl))("xxhash-addon") as { XXHash3?: NativeXxh3Class };
     return typeof addon.XXHash3 === "function" ? addon.XXHash3 : undefined;
   } catch {
     return undefined;

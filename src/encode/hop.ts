@@ -306,12 +306,25 @@ function createHop(ctx: ModuleContext<EncodeHopConfig>, seams: HopSeams) {
   holder.router = router;
   setLifecycleHealth(router.state);
   const outlier: OutlierOptions = config.outlier;
-  /** A member's grpc.health.v1 status for EncodeWorkerService; the channel's credential goes with it. */
-  const probe: HealthProbe = async (member, signal) =>
-    (await createClient(Health, transportOf(member.address)).check({ service: EncodeWorkerService.typeName }, { signal, timeoutMs: config.outlier.checkTimeoutMs }))
-      .status === ServingStatus.SERVING
-      ? "serving"
-      : "not_serving";
+  /**
+   * A member's grpc.health.v1 status for EncodeWorkerService; the channel's
+   * credential goes with it. A worker without the health service, or
+   * without an entry for the service, answered: it is reachable, and counts
+   * as serving (its calls still count against it).
+   */
+  const probe: HealthProbe = async (member, signal) => {
+    try {
+      const { status } = await createClient(Health, transportOf(member.address)).check(
+        { service: EncodeWorkerService.typeName },
+        { signal, timeoutMs: config.outlier.checkTimeoutMs },
+      );
+      return status === ServingStatus.SERVING ? "serving" : "not_serving";
+    } catch (err) {
+      const code = ConnectError.from(err).code;
+      if (code === Code.Unimplemented || code === Code.NotFound) return "serving";
+      throw err;
+    }
+  };
   const onEjected = (member: Member, reason: string) =>
     metrics.ejections.inc({ member: member.id, reason: reason === "connection refused" ? "refused" : "consecutive_failures" });
   // The membership the hop routes over; for etcd it exists once the
