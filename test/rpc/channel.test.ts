@@ -217,7 +217,14 @@ describe("rpc: channelConfigSchema", () => {
       maxSendMessageBytes: 8 * 1024 * 1024,
       leanPath: true,
       defaultTimeoutMs: 0,
+      token: "",
+      tokenFile: "",
     });
+  });
+
+  it("refuses token with tokenFile, and a token with white space", () => {
+    expect(channelConfigSchema.safeParse({ token: "a", tokenFile: "/t" }).error?.issues.map((i) => i.path.join("."))).to.deep.equal(["tokenFile"]);
+    expect(channelConfigSchema.safeParse({ token: "a b" }).error?.issues.map((i) => i.path.join("."))).to.deep.equal(["token"]);
   });
 
   it("names the field of a bad setting", () => {
