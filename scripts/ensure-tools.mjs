@@ -1,8 +1,9 @@
 // Installs the Debian packages the tests use when they are missing: openssl
 // (throwaway TLS certificates), etcd-server (a real etcd for the discovery
 // tests), nats-server (a real NATS server for the relay's NATS source;
-// Debian puts it in /usr/sbin) and ffmpeg (ffprobe and ffmpeg, which the
-// media module's video decoder runs). `npm test` runs it first, so a fresh
+// Debian puts it in /usr/sbin), ffmpeg (ffprobe and ffmpeg, which the
+// media module's video decoder runs) and prometheus (its promtool checks
+// deploy/prometheus/alerts.yaml). `npm test` runs it first, so a fresh
 // machine needs nothing by hand.
 // Without apt-get or root it says what is missing and leaves the tests to
 // skip (or, with CI set, to fail).
@@ -15,6 +16,7 @@ const tools = [
   { command: "nats-server", pkg: "nats-server" },
   { command: "ffmpeg", pkg: "ffmpeg" },
   { command: "ffprobe", pkg: "ffmpeg" },
+  { command: "promtool", pkg: "prometheus" },
 ];
 
 // /usr/sbin is not on every user's PATH, and Debian's nats-server lives there.

@@ -84,9 +84,9 @@ function yamlFiles(dir: string): string[] {
   });
 }
 
-/** Every document of every YAML file under deploy/, parsed, with the file it came from. */
+/** Every document of every Kubernetes manifest (deploy/kubernetes/), parsed, with the file it came from. */
 function manifests(): { file: string; doc: Obj }[] {
-  return yamlFiles(join(repoRoot, "deploy")).flatMap((file) =>
+  return yamlFiles(join(repoRoot, "deploy", "kubernetes")).flatMap((file) =>
     parseAllDocuments(readFileSync(file, "utf8"))
       .filter((doc) => doc.contents !== null)
       .map((doc) => ({ file: relative(repoRoot, file), doc: doc.toJS() as Obj })),
@@ -158,7 +158,7 @@ describe("deploy: examples/mmgate.yaml", () => {
 });
 
 describe("deploy: Kubernetes manifests", () => {
-  it("every YAML document under deploy/ and examples/ parses and every manifest names its kind", () => {
+  it("every YAML document under deploy/ and examples/ parses, and every Kubernetes manifest names its kind", () => {
     const files = [...yamlFiles(join(repoRoot, "deploy")), ...yamlFiles(join(repoRoot, "examples"))];
     expect(files.length).to.be.greaterThan(0);
     for (const file of files) {
