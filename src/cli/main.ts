@@ -104,6 +104,12 @@ export const subcommands: readonly LazySubcommand[] = [
     term: "images",
     load: async () => (await import("../images/index.js")).imagesCommand(),
   },
+  {
+    name: "stack",
+    description: "the whole stack on one machine (etcd, nats-server, relay, router, Encode workers, token worker, hop, images), started with one command",
+    term: "stack",
+    load: async () => (await import("../stack/index.js")).stackCommand(),
+  },
 ];
 
 /** What both `mmgate version` and `mmgate --version` print (without the newline). */
