@@ -3,11 +3,12 @@ import type { SecureClientSessionOptions } from "node:http2";
 import { isIP } from "node:net";
 import { Code, ConnectError } from "@connectrpc/connect";
 import type { Interceptor, Transport } from "@connectrpc/connect";
-import { Http2SessionManager, createGrpcTransport } from "@connectrpc/connect-node";
+import { createGrpcTransport } from "@connectrpc/connect-node";
 import type { Registry } from "prom-client";
 import { hostPort, splitHostPort } from "../server/index.js";
 import { ChannelConfigError, type ChannelOptions } from "./config.js";
 import { createLeanGrpcTransport } from "./lean-transport.js";
+import { GuardedSessionManager } from "./session.js";
 import { clientMetrics, metricsInterceptor } from "./metrics.js";
 import { outboundInterceptors, withDeadlines } from "./outbound.js";
 
@@ -93,7 +94,8 @@ export function createChannel(target: string, options: ChannelOptions, deps: Cha
     else if (isIP(host) !== 0) nodeOptions.servername = "";
   }
   const baseUrl = `${options.tls ? "https" : "http"}://${target}`;
-  const session = new Http2SessionManager(
+  // Guarded: a peer's GOAWAY on an idle session must not become an uncaught exception (session.ts).
+  const session = new GuardedSessionManager(
     baseUrl,
     {
       ...(options.keepaliveIntervalMs > 0 ? { pingIntervalMs: options.keepaliveIntervalMs, pingTimeoutMs: options.keepaliveTimeoutMs } : {}),

@@ -162,6 +162,14 @@ export const hostConfigSchema = z.strictObject({
     .strictObject({
       /** How long server streams and unary calls get to finish after SIGTERM. */
       graceMs: z.number().int().min(0).max(600_000).default(10_000),
+      /**
+       * How long the server keeps serving after SIGTERM, with health already
+       * NOT_SERVING (and /readyz 503), before it stops taking calls: the time
+       * peers (load balancers, a hop's health checks, the other roles of a
+       * stack stopped all at once) need to stop sending to it, as a
+       * Kubernetes preStop pause gives. 0 (default): stop taking calls at once.
+       */
+      delayMs: z.number().int().min(0).max(600_000).default(0),
     })
     .prefault({}),
 });

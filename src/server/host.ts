@@ -436,7 +436,8 @@ export async function startHost(options: HostOptions): Promise<Host> {
 
   const interceptors: Interceptor[] = [
     callInterceptor({
-      draining: () => health.isDraining,
+      // Not while shutdown.delayMs lasts: health says NOT_SERVING, calls are still taken.
+      draining: () => drainController.signal.aborted,
       exempt: new Set([Health.typeName]),
       mapperFor: (typeName) => mappers.get(typeName),
       logger,
@@ -613,9 +614,14 @@ export async function startHost(options: HostOptions): Promise<Host> {
   let shutdownPromise: Promise<void> | undefined;
 
   async function shutdown(): Promise<void> {
-    const graceMs = config.shutdown.graceMs;
-    logger.info({ graceMs, openSessions: sessions.size }, "draining");
+    const { graceMs, delayMs } = config.shutdown;
     health.drain();
+    if (delayMs > 0) {
+      // Health says NOT_SERVING already; calls are still taken until peers have seen it.
+      logger.info({ delayMs }, "not serving: still taking calls while peers notice");
+      await delay(delayMs);
+    }
+    logger.info({ graceMs, openSessions: sessions.size }, "draining");
     drainController.abort();
     const listenerClosed = closeServer(server);
     // Idle HTTP/1.1 connections, and connections that have not sent a

@@ -20,6 +20,9 @@ export const NATS_SUBJECT = "kv.events.default";
 /** How long a role's calls get to finish when it is stopped (`shutdown.graceMs`). */
 export const ROLE_GRACE_MS = 3000;
 
+/** How long a role still takes calls after SIGTERM, health NOT_SERVING (`shutdown.delayMs`). */
+export const ROLE_SHUTDOWN_DELAY_MS = 1000;
+
 export interface CommonSettings {
   readonly token: string;
   /** Undefined with TLS off. */
@@ -27,6 +30,8 @@ export interface CommonSettings {
   readonly logLevel: string;
   /** `shutdown.graceMs` of every role. */
   readonly graceMs: number;
+  /** The Encode workers' etcd lease TTL (`encodeWorker.register.leaseTtlSeconds`); undefined: the default (10 s). */
+  readonly leaseTtlSeconds?: number;
 }
 
 /** What a role's peers are, for its config. */
@@ -60,7 +65,9 @@ function base(common: CommonSettings): Record<string, unknown> {
     ...(common.tls ? { tls: { certFile: common.tls.certFile, keyFile: common.tls.keyFile } } : {}),
     auth: { token: common.token },
     log: { level: common.logLevel, format: "json" },
-    shutdown: { graceMs: common.graceMs },
+    // Every role keeps taking calls for a moment after SIGTERM (health NOT_SERVING first), so that
+    // a stack stopped all at once (SIGTERM to every process, as a cluster does) finishes what is in flight.
+    shutdown: { graceMs: common.graceMs, delayMs: ROLE_SHUTDOWN_DELAY_MS },
   };
 }
 
@@ -86,7 +93,12 @@ export function roleConfig(kind: RoleKind, common: CommonSettings, peers: Peers)
         ...base(common),
         modules: ["media", "encodeWorker"],
         encodeWorker: {
-          register: { endpoints: [need(peers.etcdEndpoint, "etcd's endpoint")], ...ENCODER_POOL, instanceId: `encoder-${need(peers.encoderIndex, "the encoder's index")}` },
+          register: {
+            endpoints: [need(peers.etcdEndpoint, "etcd's endpoint")],
+            ...ENCODER_POOL,
+            instanceId: `encoder-${need(peers.encoderIndex, "the encoder's index")}`,
+            ...(common.leaseTtlSeconds !== undefined ? { leaseTtlSeconds: common.leaseTtlSeconds } : {}),
+          },
         },
       };
     case "token-worker":

@@ -13,7 +13,7 @@ export { makeCertificates, makeToken } from "./certs.js";
 export type { StackCertificates } from "./certs.js";
 export { prepareDir, readPidFile, StackBusyError, stackLayout } from "./layout.js";
 export type { PidFile, StackLayout } from "./layout.js";
-export { MissingToolError, pidAlive, portInUse, RoleStartError } from "./processes.js";
+export { freePort, MissingToolError, natsGreets, pidAlive, portInUse, RoleStartError } from "./processes.js";
 export type { ExitStatus } from "./processes.js";
 export { gradientPng, sampleRequest, SAMPLE_EVENTS } from "./samples.js";
 export { launcher, shownPath, stackCommands, stackCommandsText, stackTable } from "./table.js";

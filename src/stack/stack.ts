@@ -76,6 +76,12 @@ export interface StackOptions {
   readonly startTimeoutMs?: number;
   /** `shutdown.graceMs` of the mmgate roles (3000 by default); stop() sends SIGKILL 5 s after it. */
   readonly graceMs?: number;
+  /**
+   * The Encode workers' etcd lease TTL in seconds (`encodeWorker.register.leaseTtlSeconds`, 10 by
+   * default): how long a worker that dies without draining stays registered. etcd raises a TTL
+   * under its minimum (2 s with its default election timeout) to that minimum.
+   */
+  readonly leaseTtlSeconds?: number;
 }
 
 /** One process of the stack, as it is now. */
@@ -215,6 +221,7 @@ class RunningStack implements Stack {
       ...(certs ? { tls: certs } : {}),
       logLevel: options.logLevel ?? "info",
       graceMs: options.graceMs ?? ROLE_GRACE_MS,
+      ...(options.leaseTtlSeconds !== undefined ? { leaseTtlSeconds: options.leaseTtlSeconds } : {}),
     };
     process.on("exit", this.onExit);
   }
@@ -451,6 +458,9 @@ class RunningStack implements Stack {
 function checkOptions(options: StackOptions): void {
   if (!Number.isInteger(options.workers) || options.workers < MIN_WORKERS || options.workers > MAX_WORKERS) {
     throw new RangeError(`workers must be an integer from ${MIN_WORKERS} to ${MAX_WORKERS}, not ${options.workers}`);
+  }
+  if (options.leaseTtlSeconds !== undefined && (!Number.isInteger(options.leaseTtlSeconds) || options.leaseTtlSeconds < 1 || options.leaseTtlSeconds > 86400)) {
+    throw new RangeError(`leaseTtlSeconds must be an integer from 1 to 86400, not ${options.leaseTtlSeconds}`);
   }
   if (options.logLevel !== undefined && !STACK_LOG_LEVELS.includes(options.logLevel)) {
     throw new RangeError(`logLevel must be one of ${STACK_LOG_LEVELS.join(", ")}: the stack reads each role's "mmgate serving" line, logged at info`);

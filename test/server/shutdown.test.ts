@@ -189,3 +189,23 @@ describe("graceful shutdown: the drain", function () {
     await closed;
   });
 });
+
+describe("graceful shutdown: shutdown.delayMs", function () {
+  this.timeout(20_000);
+  it("says NOT_SERVING at once and still takes calls until the delay is over, then refuses new ones", async () => {
+    const server = await startServer({ config: { shutdown: { delayMs: 1500, graceMs: 1000 } } });
+    const health = server.grpcClient("grpc/health/v1/health.proto", "grpc.health.v1.Health");
+    expect((await grpcUnary(health, "check", {}))["status"]).to.equal("SERVING");
+    const closed = server.host.shutdown();
+    // The health entry flips first; a call made meanwhile is still served.
+    await eventually(() => expect(server.host.health.isDraining).to.equal(true));
+    const admin = server.grpcClient("mmgate/admin/v1/admin.proto", "mmgate.admin.v1.AdminService");
+    const status = await grpcUnary(admin, "getStatus", {});
+    expect(status["version"]).to.equal("test");
+    expect((await grpcUnary(health, "check", {}))["status"]).to.equal("NOT_SERVING");
+    // Once the delay is over, new calls are refused.
+    await eventually(async () => expect(await grpcUnary(admin, "getStatus", {}).then(() => "served", (e: grpc.ServiceError) => e.code)).to.equal(grpc.status.UNAVAILABLE), { timeoutMs: 5000 });
+    await closed;
+    await server.close();
+  });
+});

@@ -6,10 +6,10 @@
  */
 import { spawn, spawnSync, type ChildProcess } from "node:child_process";
 import { existsSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
-import { connect as tcpConnect } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { eventually } from "./eventually.js";
+import { natsGreets } from "../../src/stack/index.js";
 import { exited, freePort } from "./process.js";
 
 export interface NatsServer {
@@ -60,25 +60,6 @@ export function requireNats(context: Mocha.Context): void {
 }
 
 
-/** Resolves when a TCP client on `port` receives the server's INFO line; rejects otherwise. */
-function greets(port: number): Promise<void> {
-  return new Promise<void>((resolve, reject) => {
-    const socket = tcpConnect({ host: "127.0.0.1", port });
-    let received = "";
-    const done = (error?: Error) => {
-      socket.destroy();
-      if (error === undefined) resolve();
-      else reject(error);
-    };
-    socket.setTimeout(1000, () => done(new Error("no INFO from nats-server")));
-    socket.on("error", done);
-    socket.on("data", (chunk: Buffer) => {
-      received += chunk.toString("latin1");
-      if (received.startsWith("INFO ")) done();
-    });
-    socket.on("close", () => done(new Error("nats-server closed the connection")));
-  });
-}
 
 /** Starts nats-server and waits until it greets a client. */
 export async function startNats(options: NatsServerOptions = {}): Promise<NatsServer> {
@@ -110,7 +91,7 @@ export async function startNats(options: NatsServerOptions = {}): Promise<NatsSe
     await eventually(
       async () => {
         if (started.exitCode !== null) throw new Error(`nats-server exited with ${started.exitCode}: ${output}`);
-        await greets(port);
+        await natsGreets(port);
       },
       { timeoutMs: 15000, intervalMs: 20 },
     );

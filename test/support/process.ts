@@ -1,19 +1,8 @@
 // Helpers for tests that run a real server process (etcd, nats-server).
 import type { ChildProcess } from "node:child_process";
-import { createServer } from "node:net";
 
-/** A TCP port on 127.0.0.1 that was free a moment ago. */
-export async function freePort(): Promise<number> {
-  const server = createServer();
-  await new Promise<void>((resolve, reject) => {
-    server.once("error", reject);
-    server.listen(0, "127.0.0.1", resolve);
-  });
-  const address = server.address();
-  await new Promise<void>((resolve) => server.close(() => resolve()));
-  if (address === null || typeof address === "string") throw new Error("no port");
-  return address.port;
-}
+/** A TCP port on 127.0.0.1 that was free a moment ago (the stack's own helper). */
+export { freePort } from "../../src/stack/index.js";
 
 /** Resolves when `child` has exited (at once if it has). */
 export async function exited(child: ChildProcess): Promise<void> {
