@@ -31,6 +31,11 @@
  *   {"op":"stats","pool":"boot"}      -> {"sequence","deltasPublished","eventsApplied","eventsRejected","hub":{...}|null}
  *   {"op":"wordsHash","pool":"boot"}  -> {"sha256": hex of the pool's filter words}
  *   {"op":"openHub","pool":"boot"}    -> {} (the pool's hub, opened as a first subscriber would)
+ *   {"op":"loopDelayStart"}           -> {} (a fresh perf_hooks.monitorEventLoopDelay, 1 ms resolution)
+ *   {"op":"loopDelayStop"}            -> {"maxMs","p99Ms","meanMs","rssMB","peakRssMB"}: the event loop's delays since the start
+ *                                        (and this process's RSS now, and its peak, sampled every 10 ms, since then)
+ *   {"op":"slicer"}                   -> the relay slicer's stats ({"yields","tasks","waiting","longestSliceMs"})
+ *   {"op":"slicerReset"}              -> {} (its longestSliceMs starts over)
  *   http2 only:
  *   {"op":"load","bootstrap":"<file>"} or {"op":"load","deltas":"<file>"}
  *                                     -> {"frames": n}; the file holds gRPC frames back to back
@@ -38,6 +43,7 @@
  * A failed command answers {"error": "..."}. Exits when stdin closes.
  */
 import { createHash } from "node:crypto";
+import { monitorEventLoopDelay, type IntervalHistogram } from "node:perf_hooks";
 import { readFileSync } from "node:fs";
 import * as http2 from "node:http2";
 import type { AddressInfo } from "node:net";
@@ -74,6 +80,9 @@ async function relayServer(rawConfig: string): Promise<{ address: string; handle
   const host = await startHost({ config, modules, logger: pino({ level: "silent" }), version: "bench" });
   if (relay === undefined) throw new Error("the relay module did not start");
   const live = relay;
+  let delay: IntervalHistogram | undefined;
+  let peakRss = 0;
+  let rssTimer: ReturnType<typeof setInterval> | undefined;
   const poolOf = (cmd: Command) => {
     const pool = live.pool(cmd.pool ?? "");
     if (pool === undefined) throw new Error(`no pool ${cmd.pool}`);
@@ -103,6 +112,27 @@ async function relayServer(rawConfig: string): Promise<{ address: string; handle
       }
       case "openHub":
         poolOf(cmd).openHub();
+        return {};
+      case "loopDelayStart":
+        delay?.disable();
+        delay = monitorEventLoopDelay({ resolution: 1 });
+        delay.enable();
+        peakRss = process.memoryUsage.rss();
+        clearInterval(rssTimer);
+        rssTimer = setInterval(() => (peakRss = Math.max(peakRss, process.memoryUsage.rss())), 10);
+        return {};
+      case "loopDelayStop": {
+        if (delay === undefined) throw new Error("loopDelayStop before loopDelayStart");
+        delay.disable();
+        clearInterval(rssTimer);
+        const rss = process.memoryUsage.rss();
+        const ms = (ns: number) => ns / 1e6;
+        return { maxMs: ms(delay.max), p99Ms: ms(delay.percentile(99)), meanMs: ms(delay.mean), rssMB: rss / 1e6, peakRssMB: Math.max(peakRss, rss) / 1e6 };
+      }
+      case "slicer":
+        return { ...live.slicer.stats() };
+      case "slicerReset":
+        live.slicer.resetLongestSlice();
         return {};
       default:
         throw new Error(`unknown op ${cmd.op}`);

@@ -4,17 +4,20 @@
  * decimal strings, read exactly) into a relay pool through
  * KvEventService.Publish, and prints the relay's summary. Lines are read and
  * sent as they come, in batches, so a file of any length streams through in
- * bounded memory. Exit codes: 0 every event applied, 1 bad input or the call
+ * bounded memory; a line is refused as TOO_LARGE as soon as it passes the
+ * event limit (MAX_ROUTER_EVENT_JSON_BYTES), without reading the rest of it.
+ * Exit codes: 0 every event applied, 1 bad input or the call
  * failed, 2 a usage error, 3 the relay rejected some events.
  */
 import { createReadStream } from "node:fs";
-import { createInterface } from "node:readline";
+import type { Readable } from "node:stream";
 import { create } from "@bufbuild/protobuf";
 import { Code, createClient } from "@connectrpc/connect";
 import { Command, InvalidArgumentError } from "commander";
 import { clientTransport, CliError, connectionContext, type ConnectionOptions, EXIT, ioError, reportError, snakeCodeName, tokenOption, withConnectionOptions, withExitCodes } from "../rpc/index.js";
 import { KvEventService, PublishRequestSchema, RouterEventSchema, type PublishRequest, type RouterEvent as WireRouterEvent } from "../../gen/mmgate/kvevents/v1/kvevents_pb.js";
-import { routerEventFromJson, RouterEventJsonError, type RouterEvent } from "../kv/index.js";
+import { MAX_ROUTER_EVENT_JSON_BYTES, routerEventFromJson, RouterEventJsonError, type RouterEvent } from "../kv/index.js";
+import { boundedLines, LineTooLongError } from "../util/index.js";
 
 export interface PublishCliIo {
   readonly out: { write(text: string): unknown };
@@ -67,24 +70,44 @@ export function kvPublishCommand(io: PublishCliIo = { out: process.stdout, err: 
       const fail = (err: unknown) => {
         process.exitCode = reportError(io.err, "kv publish", err, connectionContext(o));
       };
-      const input: NodeJS.ReadableStream = file === "-" ? (io.stdin ?? process.stdin) : createReadStream(file);
-      const lines = createInterface({ input, crlfDelay: Infinity });
+      const fileStream = file === "-" ? undefined : createReadStream(file);
+      const input: NodeJS.ReadableStream = fileStream ?? io.stdin ?? process.stdin;
+      // Lines that stop early leave the stream unread, not destroyed (that would be an AbortError): the
+      // file is closed below, standard input stays open as readline left it.
+      const source: AsyncIterable<string | Uint8Array> = typeof (input as Readable).iterator === "function" ? (input as Readable).iterator({ destroyOnReturn: false }) : input;
       let inputError: Error | undefined;
-      // readline re-emits its input's errors on the interface (unhandled, they would end the process);
-      // closing it ends an iteration in progress.
-      lines.on("error", (err: Error) => {
-        inputError = err;
-        lines.close();
-      });
+      let reading = true;
+      // Kept from the start: an error emitted before the lines are read (ENOENT) would otherwise end the process.
+      const onInputError = (err: Error) => {
+        if (reading) inputError ??= err;
+      };
+      input.on("error", onInputError);
       let sent = 0;
       let badLine: RouterEventJsonError | undefined;
+      /** The input's lines; a read error ends them (kept in inputError), a line over the event limit is badLine. */
+      async function* lines(): AsyncGenerator<string> {
+        try {
+          // Stops reading a line once it passes the limit: routerEventFromJson would refuse it anyway.
+          yield* boundedLines(source, MAX_ROUTER_EVENT_JSON_BYTES);
+        } catch (err) {
+          if (err instanceof LineTooLongError) {
+            // The line number and message routerEventFromJson's refusal has.
+            badLine = new RouterEventJsonError("TOO_LARGE", "$", `input is larger than ${MAX_ROUTER_EVENT_JSON_BYTES} bytes`, err.line);
+          } else if (err instanceof Error) {
+            inputError ??= err;
+          } else {
+            throw err;
+          }
+        } finally {
+          reading = false;
+        }
+      }
       async function* requests(): AsyncGenerator<PublishRequest> {
         let events: WireRouterEvent[] = [];
         let first = true;
         let line = 0;
-        // An interface closed before its iteration starts would never end it.
         if (inputError !== undefined) throw inputError;
-        for await (const text of lines) {
+        for await (const text of lines()) {
           line += 1;
           if (text.trim() === "") continue;
           try {
@@ -135,7 +158,9 @@ export function kvPublishCommand(io: PublishCliIo = { out: process.stdout, err: 
         if (!(err instanceof Error)) throw err;
         fail(inputError !== undefined ? ioError(`cannot read ${file}: ${inputError.message}`, inputError) : err);
       } finally {
-        lines.close();
+        // Reading stops here whatever happened: a file is closed, standard input is no longer read.
+        if (fileStream !== undefined) fileStream.destroy();
+        else input.removeListener("error", onInputError);
       }
     });
   return withExitCodes(command, {

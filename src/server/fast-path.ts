@@ -89,7 +89,7 @@ export class FastPath implements CallHost {
       if (encoding !== undefined && encoding !== "identity") return false;
       if (this.options.declineCompressible && negotiatedEncoding(headers["grpc-accept-encoding"]) !== undefined) return false;
       this.options.taken.inc();
-      const call = new GrpcCall(this, route, stream, headers, this.options.observer.open(path, headers, peerOf(stream.session?.socket)));
+      const call = new GrpcCall(this, route, stream, headers, this.options.observer.open(path, headers, peerOf(stream.session?.socket), stream));
       void call.run();
       return true;
     }
@@ -101,7 +101,7 @@ export class FastPath implements CallHost {
     if (encoding !== undefined && encoding !== "identity") return false;
     if (this.options.declineCompressible && negotiatedEncoding(headers["accept-encoding"]) !== undefined) return false;
     this.options.taken.inc();
-    const call = new ConnectCall(this, route, stream, headers, this.options.observer.open(path, headers, peerOf(stream.session?.socket)), binary);
+    const call = new ConnectCall(this, route, stream, headers, this.options.observer.open(path, headers, peerOf(stream.session?.socket), stream), binary);
     void call.run();
     return true;
   }

@@ -23,6 +23,8 @@ export { bindService, defineModule } from "./module.js";
 export { HealthRegistry, Readiness, ServingStatus } from "./health.js";
 export { Access } from "./auth.js";
 export { codeName, requestIdOf } from "./rpc-observer.js";
+export { callTransportOf, pacedWritesOf, type CallTransport } from "./call-transport.js";
+export { PacedWrites } from "./paced-writes.js";
 export { serializeChunked } from "./message-chunks.js";
 export { h2ResetError } from "./h2-reset.js";
 export { webHeadersOf } from "./h2-headers.js";

@@ -1,5 +1,6 @@
 import type { IncomingHttpHeaders, IncomingMessage, ServerResponse } from "node:http";
-import type { Http2ServerRequest, Http2ServerResponse } from "node:http2";
+import type { Http2ServerRequest, Http2ServerResponse, ServerHttp2Stream } from "node:http2";
+import type { Socket } from "node:net";
 import { randomUUID } from "node:crypto";
 import type { DescMethod } from "@bufbuild/protobuf";
 import { Code, createContextKey } from "@connectrpc/connect";
@@ -22,6 +23,12 @@ export interface RpcRecord {
   error?: string;
   /** The method's series, for the message counters the interceptor feeds. */
   readonly series: MethodMetrics;
+  /**
+   * Where the call arrived: its HTTP/2 stream, or the socket of an HTTP/1.1
+   * request. Handlers read it through call-transport.ts (stream limits per
+   * connection and per peer, paced writes).
+   */
+  readonly transport?: ServerHttp2Stream | Socket;
 }
 
 /** Records `error`'s status as the call's, unless one is recorded already. */
@@ -147,13 +154,13 @@ export class RpcObserver {
    * finishes it. Both paths of the host (connect's and the lean one) use
    * this pair, so their logs and metrics cannot differ.
    */
-  open(path: string, headers: IncomingHttpHeaders, peer: string | undefined): ObservedCall {
+  open(path: string, headers: IncomingHttpHeaders, peer: string | undefined, transport?: ServerHttp2Stream | Socket): ObservedCall {
     const known = this.methods.get(path);
     const service = known?.service ?? "unknown";
     const method = known?.method ?? "unknown";
     const type = known?.type ?? "unknown";
     const series = this.metrics.forMethod(service, method, type);
-    const record: RpcRecord = { requestId: requestIdFrom(headers), service, method, type, series };
+    const record: RpcRecord = { requestId: requestIdFrom(headers), service, method, type, series, transport };
     series.started();
     return { record, path, series, started: performance.now(), protocol: protocolOf(headers["content-type"]), peer };
   }
@@ -183,7 +190,7 @@ export class RpcObserver {
   /** Starts observing a request of connect's path; returns the record its handler will see. */
   begin(req: NodeReq, res: NodeRes): RpcRecord {
     const path = (req.url ?? "").split("?", 1)[0] ?? "";
-    const call = this.open(path, req.headers, peerOf(req.socket));
+    const call = this.open(path, req.headers, peerOf(req.socket), "stream" in req ? req.stream : req.socket);
     const record = call.record;
     this.records.set(req, record);
     res.setHeader("x-request-id", record.requestId);

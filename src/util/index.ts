@@ -3,3 +3,5 @@ export { delay, errorOf, linkSignals, MAX_TIMER_MS, raceAbort, settleWithin, unt
 export { BoundedQueue, type BoundedQueueOptions } from "./bounded-queue.js";
 export { observeStream, type StreamObserver } from "./observe-stream.js";
 export { registeredMetric } from "./metrics.js";
+export { DEFAULT_SLICE_BUDGET, WorkSlicer, type SliceBudget, type SlicerStats } from "./slicer.js";
+export { boundedLines, LineTooLongError } from "./lines.js";

@@ -20,6 +20,7 @@ describe("relay: natsSourceConfigSchema", () => {
       servers: ["127.0.0.1:4222"],
       subject: "kv.events",
       maxPayloadBytes: 1024 * 1024,
+      maxPendingBytes: 64 * 1024 * 1024,
       name: "mmgate-relay",
       reconnectWaitMs: 1000,
       connectTimeoutMs: 5000,

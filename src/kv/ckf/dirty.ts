@@ -13,8 +13,10 @@ import type { CkfWriteObserver } from "./lane.js";
 
 /** What one drain found. */
 export interface DrainedWindow {
-  /** Buckets whose value changed, in first-dirtied order, with their current words. */
+  /** Buckets whose value changed, in first-dirtied order, with their current words (none when not asked for). */
   readonly images: DcCkfBucketImage[];
+  /** Buckets whose value changed (`images.length` when they were asked for). */
+  readonly changed: number;
   /** Buckets that were written but ended where they started. */
   readonly netReverted: number;
 }
@@ -74,9 +76,14 @@ export class DirtyWindow implements CkfWriteObserver {
     this.count = Math.min(this.count, mark);
   }
 
-  /** The changed buckets' images, and an empty window. */
-  drain(): DrainedWindow {
+  /**
+   * The changed buckets' images, and an empty window. With `images` false
+   * the window is emptied and counted without building them (no consumer
+   * would read them): a u64 word per changed bucket is the costly part.
+   */
+  drain(withImages = true): DrainedWindow {
     const images: DcCkfBucketImage[] = [];
+    let changed = 0;
     const s = this.slots;
     const o = this.originals;
     let netReverted = 0;
@@ -89,12 +96,14 @@ export class DirtyWindow implements CkfWriteObserver {
         netReverted++;
         continue;
       }
+      changed++;
+      if (!withImages) continue;
       const lo = ((s[i + 1]! << 16) | s[i]!) >>> 0;
       const hi = ((s[i + 3]! << 16) | s[i + 2]!) >>> 0;
       images.push(Object.freeze({ bucket, value: (BigInt(hi) << 32n) | BigInt(lo) }));
     }
     this.count = 0;
-    return { images, netReverted };
+    return { images, changed, netReverted };
   }
 
   /** Bytes held by the window's arrays. */

@@ -42,6 +42,12 @@ export const CKF_ERROR_CODES = [
    * field that is not a string; nothing changed.
    */
   "InvalidEvent",
+  /**
+   * A Stored event carries more blocks, or a Removed event more block hashes,
+   * than the state's `maxBlocksPerEvent` (the relay's per-event limit); the
+   * event was refused whole before any of its blocks were read; nothing changed.
+   */
+  "EventTooLarge",
   /** A key given to the filter directly (e.g. `locateKey`) is not a u64. */
   "InvalidKey",
   // --- publication ---------------------------------------------------------

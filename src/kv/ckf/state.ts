@@ -69,11 +69,80 @@ export interface DcCkfStateOptions {
   readonly materialize?: boolean;
   /** Owners per canonical hash before OwnershipDegreeOverflow; u32::MAX, lowered only by tests. */
   readonly maxOwners?: number;
+  /**
+   * Blocks a Stored event, or block hashes a Removed event, may carry; a
+   * longer one is refused whole (EventTooLarge) before anything is read or
+   * changed. Default: no limit (the relay sets its `maxBlocksPerEvent`).
+   */
+  readonly maxBlocksPerEvent?: number;
 }
+
+/**
+ * Asked after each block (each chained hash, each owned block, each removal)
+ * of an application in steps whether to pause there; see applyEventInSteps.
+ */
+export type PauseCheck = () => boolean;
+
+/** An application in steps: resume it with next() until it is done; its value is the event's outcome. */
+export type ApplySteps = Generator<void, ApplyOutcome, void>;
 
 const NOTHING: ApplyOutcome = Object.freeze({ firstError: undefined, publication: undefined });
 
+/** Never pauses: applyEvent runs the stepped application in one go. */
+const NEVER: PauseCheck = () => false;
+
+/** Runs steps that never pause to their value. */
+function runToEnd<T>(steps: Generator<void, T, void>): T {
+  for (;;) {
+    const step = steps.next();
+    if (step.done === true) return step.value;
+  }
+}
+
 type Lineage = Map<bigint, bigint>;
+
+/** Shards of the owner table: a power of two. */
+const OWNER_SHARDS = 256;
+
+/**
+ * A map of u64 keys over OWNER_SHARDS Maps picked by the key's low bits.
+ * A Map that outgrows its table rehashes every entry in one call: at a
+ * million entries that is tens of milliseconds in which nothing else runs,
+ * whatever slices the work around it. Sharded, each rehash is 1/256 of that.
+ * Only get, set, delete, size and an unordered walk of the values: nothing
+ * reads the owner table in insertion order.
+ */
+class ShardedMap<V> {
+  private readonly shards: Map<bigint, V>[] = Array.from({ length: OWNER_SHARDS }, () => new Map<bigint, V>());
+  private count = 0;
+
+  private shard(key: bigint): Map<bigint, V> {
+    return this.shards[Number(BigInt.asUintN(8, key))]!;
+  }
+
+  get(key: bigint): V | undefined {
+    return this.shard(key).get(key);
+  }
+
+  set(key: bigint, value: V): void {
+    const shard = this.shard(key);
+    const size = shard.size;
+    shard.set(key, value);
+    this.count += shard.size - size;
+  }
+
+  delete(key: bigint): void {
+    if (this.shard(key).delete(key)) this.count--;
+  }
+
+  get size(): number {
+    return this.count;
+  }
+
+  *values(): Generator<V, void, undefined> {
+    for (const shard of this.shards) yield* shard.values();
+  }
+}
 
 export class DcCkfState {
   readonly config: CkfConfig;
@@ -81,10 +150,13 @@ export class DcCkfState {
   private readonly window: DirtyWindow;
   private readonly identity: DcCkfFormatIdentity;
   private readonly maxOwners: number;
+  private readonly maxBlocksPerEvent: number;
   private materialize: boolean;
+  /** An application in steps has started and not finished: nothing else may change the state meanwhile. */
+  private stepping = false;
   /** workerId -> dpRank -> external hash -> canonical hash. */
   private readonly members = new Map<bigint, Map<number, Lineage>>();
-  private readonly owners = new Map<bigint, OwnerEntry>();
+  private readonly owners = new ShardedMap<OwnerEntry>();
   private pending = 0;
   private unknownRemovals = 0;
   private parentNotFound = 0;
@@ -103,6 +175,7 @@ export class DcCkfState {
     this.identity = formatIdentity(this.config.seed, buckets);
     this.materialize = options.materialize ?? true;
     this.maxOwners = options.maxOwners ?? 0xffff_ffff;
+    this.maxBlocksPerEvent = options.maxBlocksPerEvent ?? Number.POSITIVE_INFINITY;
   }
 
   /**
@@ -110,39 +183,95 @@ export class DcCkfState {
    * then a publication boundary when enough events are pending. Failures are
    * returned, not thrown, whatever the caller passes: the first one is kept,
    * the rest of the event still applies (except where the spec rejects the
-   * whole event before mutating, and for a malformed event: InvalidEvent).
+   * whole event before mutating, for a malformed event: InvalidEvent, and for
+   * one over `maxBlocksPerEvent`: EventTooLarge). It is the stepped
+   * application below, run without a pause, so both give the same state and
+   * the same outcome for the same events. Throws only while an application in
+   * steps is unfinished (a caller's bug).
    */
   applyEvent(event: RouterEvent): ApplyOutcome {
+    return runToEnd(this.eventSteps(event, NEVER));
+  }
+
+  /**
+   * The same application as applyEvent, in steps. The generator asks `pause`
+   * after each block of the event (each hash chained and checked, each block
+   * owned, each removal, each mapping a Cleared event drops) and yields when
+   * it says true; `next()` resumes it, and its value is the event's outcome.
+   * A pause changes nothing about what the event does: the same code runs, in
+   * the same order, over the same state, because nothing else may change the
+   * state until the generator is done: applyEvent, removeRank, removeWorker
+   * and another stepped application throw meanwhile. Reads, drains and
+   * barrier snapshots may run in a pause and see the event partly applied (a
+   * consistent lane: every block admitted so far, none after). A generator
+   * dropped before its end leaves the event partly applied; call return() on
+   * it to release the state.
+   */
+  applyEventInSteps(event: RouterEvent, pause: PauseCheck): ApplySteps {
+    this.assertNotStepping();
+    return this.eventSteps(event, pause);
+  }
+
+  private *eventSteps(event: RouterEvent, pause: PauseCheck): ApplySteps {
+    this.assertNotStepping();
     // B.4 step 1 comes first: an event for another tier or domain is ignored
     // completely, whatever its body holds. The gate reads only the residency
     // fields and refuses (InvalidEvent) an event whose fields it cannot read.
     const gate = residencyGate(event);
     if (gate === false) return NOTHING;
     if (gate !== true) return { firstError: gate, publication: undefined };
+    const tooLarge = this.checkSize(event);
+    if (tooLarge !== undefined) return { firstError: tooLarge, publication: undefined };
     const invalid = checkEvent(event);
     if (invalid !== undefined) return { firstError: invalid, publication: undefined };
     this.pending++;
     const data = event.data;
     let error: CkfError | undefined;
-    switch (data.kind) {
-      case "stored":
-        error = this.applyStored(event.workerId, event.dpRank, data);
-        break;
-      case "removed": {
-        const lineage = this.members.get(event.workerId)?.get(event.dpRank);
-        for (const hash of data.blockHashes) {
-          const failed = this.removeMapping(lineage, hash);
-          error ??= failed;
+    this.stepping = true;
+    try {
+      switch (data.kind) {
+        case "stored":
+          error = yield* this.storedSteps(event.workerId, event.dpRank, data, pause);
+          break;
+        case "removed": {
+          const lineage = this.members.get(event.workerId)?.get(event.dpRank);
+          for (const hash of data.blockHashes) {
+            const failed = this.removeMapping(lineage, hash);
+            error ??= failed;
+            if (pause()) yield;
+          }
+          if (lineage !== undefined && lineage.size === 0) this.dropMember(event.workerId, event.dpRank);
+          break;
         }
-        if (lineage !== undefined && lineage.size === 0) this.dropMember(event.workerId, event.dpRank);
-        break;
+        case "cleared":
+          error = yield* this.clearSteps(event.workerId, event.dpRank, pause);
+          break;
       }
-      case "cleared":
-        error = this.clearMember(event.workerId, event.dpRank);
-        break;
+    } finally {
+      this.stepping = false;
     }
     const publication = this.pending >= this.config.publishEveryNEvents ? this.drainPublication() : undefined;
     return error === undefined && publication === undefined ? NOTHING : { firstError: error, publication };
+  }
+
+  /** Whether an application in steps is under way (started, not finished). */
+  get applying(): boolean {
+    return this.stepping;
+  }
+
+  private assertNotStepping(): void {
+    if (this.stepping) throw new Error("DcCkfState: an event is being applied in steps; finish it before changing the state otherwise");
+  }
+
+  /** EventTooLarge for a Stored or Removed event over maxBlocksPerEvent; read before the event's blocks are. */
+  private checkSize(event: RouterEvent): CkfError | undefined {
+    const data: unknown = event.data;
+    if (typeof data !== "object" || data === null) return undefined;
+    const body = data as Partial<Record<string, unknown>>;
+    const list = body.kind === "stored" ? body.blocks : body.kind === "removed" ? body.blockHashes : undefined;
+    if (!Array.isArray(list) || list.length <= this.maxBlocksPerEvent) return undefined;
+    const what = body.kind === "stored" ? "blocks" : "block hashes";
+    return new CkfError("EventTooLarge", `a ${String(body.kind)} event of ${list.length} ${what} is over the limit of ${this.maxBlocksPerEvent} per event`);
   }
 
   /**
@@ -152,8 +281,8 @@ export class DcCkfState {
    */
   drainPublication(): DcCkfPublicationBatch | undefined {
     if (this.pending === 0 && this.window.size === 0) return undefined;
-    const { images, netReverted } = this.window.drain();
-    this.distinctTouched += images.length + netReverted;
+    const { images, changed, netReverted } = this.window.drain(this.materialize);
+    this.distinctTouched += changed + netReverted;
     this.netReverted += netReverted;
     this.pending = 0;
     if (images.length === 0 || !this.materialize) return undefined;
@@ -163,12 +292,14 @@ export class DcCkfState {
 
   /** Removes every mapping of one member, then drains. */
   removeRank(workerId: bigint, dpRank: number): ApplyOutcome {
+    this.assertNotStepping();
     const error = this.clearMember(workerId, dpRank);
     return { firstError: error, publication: this.drainPublication() };
   }
 
   /** Removes every rank of a worker, then drains. */
   removeWorker(workerId: bigint): ApplyOutcome {
+    this.assertNotStepping();
     let error: CkfError | undefined;
     const ranks = this.members.get(workerId);
     if (ranks !== undefined) {
@@ -270,7 +401,7 @@ export class DcCkfState {
     };
   }
 
-  private applyStored(workerId: bigint, dpRank: number, data: Extract<KvCacheEventData, { kind: "stored" }>): CkfError | undefined {
+  private *storedSteps(workerId: bigint, dpRank: number, data: Extract<KvCacheEventData, { kind: "stored" }>, pause: PauseCheck): Generator<void, CkfError | undefined, void> {
     const blocks = data.blocks;
     if (blocks.length === 0) return undefined;
     let lineage = this.members.get(workerId)?.get(dpRank);
@@ -301,10 +432,14 @@ export class DcCkfState {
       batch.set(block.blockHash, canonical);
       canonicals[i] = canonical;
       parent = canonical;
+      // Nothing has changed yet; a pause here only delays the rest of the check.
+      if (pause()) yield;
     }
     if (lineage === undefined) lineage = this.addMember(workerId, dpRank);
     let error: CkfError | undefined;
     for (let i = 0; i < blocks.length; i++) {
+      // Each block is done (or skipped) whole before a pause: a failed insert has rolled back by then.
+      if (i > 0 && pause()) yield;
       const external = blocks[i]!.blockHash;
       const canonical = canonicals[i]!;
       let entry = this.owners.get(canonical);
@@ -372,12 +507,17 @@ export class DcCkfState {
   }
 
   private clearMember(workerId: bigint, dpRank: number): CkfError | undefined {
+    return runToEnd(this.clearSteps(workerId, dpRank, NEVER));
+  }
+
+  private *clearSteps(workerId: bigint, dpRank: number, pause: PauseCheck): Generator<void, CkfError | undefined, void> {
     const lineage = this.members.get(workerId)?.get(dpRank);
     if (lineage === undefined) return undefined;
     let error: CkfError | undefined;
     for (const external of [...lineage.keys()]) {
       const failed = this.removeMapping(lineage, external);
       error ??= failed;
+      if (pause()) yield;
     }
     this.dropMember(workerId, dpRank);
     return error;

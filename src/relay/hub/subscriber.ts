@@ -57,6 +57,8 @@ export class HubSubscriber {
   private readonly detach: SubscriberInit["detach"];
   private readonly signal: AbortSignal | undefined;
   private readonly onAbort: (() => void) | undefined;
+  /** Resolves whenEnded()'s promise; made on its first call. */
+  private endWaiters: ((reason: SubscriberEndReason) => void)[] | undefined;
 
   constructor(init: SubscriberInit) {
     this.id = init.id;
@@ -138,6 +140,24 @@ export class HubSubscriber {
     return { kind: "frame", frame: result.value };
   }
 
+  /**
+   * Resolves with the reason once the subscription ends: for a consumer that
+   * is not reading (its transport still busy with an earlier frame) and so
+   * would only learn of a lag or an idle eviction from its next read.
+   */
+  whenEnded(): Promise<SubscriberEndReason> {
+    if (this.reason !== undefined) return Promise.resolve(this.reason);
+    return new Promise((resolve) => (this.endWaiters ??= []).push(resolve));
+  }
+
+  /**
+   * The consumer made progress without reading (it handed over a snapshot
+   * chunk): the idle clock restarts, so a bootstrap is bounded per chunk.
+   */
+  noteProgress(): void {
+    this.lastActive = this.now();
+  }
+
   /** The consumer stops: the hub removes the subscription and frees its queue. */
   close(): void {
     this.detach(this, "closed");
@@ -171,5 +191,8 @@ export class HubSubscriber {
     this.releaseSnapshot();
     // Ending an iteration closes the queue and drops its items.
     void this.queue[Symbol.asyncIterator]().return?.();
+    const waiters = this.endWaiters;
+    this.endWaiters = undefined;
+    for (const resolve of waiters ?? []) resolve(reason);
   }
 }

@@ -10,6 +10,14 @@
  * second); the source keeps going. Core NATS delivers at most once: what is
  * published while the relay is disconnected is lost, which the filter's
  * event-id checks are there to notice.
+ *
+ * Messages are delivered one at a time, in arrival order, each as one task
+ * of a WorkSlicer (the relay's: the same one its ingest streams apply
+ * through), which yields the event loop between events and, when the sink
+ * hands back stepped work, between the blocks of an event. Messages that
+ * arrive meanwhile wait, up to `maxPendingBytes` of them; one that would go
+ * past it is dropped and counted (`backlogDropped`), as a NATS server drops
+ * messages for a consumer that falls behind.
  */
 import type * as NatsModule from "nats";
 import type { ConnectionOptions, Msg, NatsConnection } from "nats";
@@ -25,7 +33,10 @@ import {
   type RouterEventJsonErrorCode,
 } from "../../kv/index.js";
 import { hostPort } from "../../server/index.js";
-import { errorOf, MAX_TIMER_MS, registeredMetric, settleWithin, whenAborted } from "../../util/index.js";
+import { errorOf, MAX_TIMER_MS, registeredMetric, settleWithin, whenAborted, WorkSlicer } from "../../util/index.js";
+
+/** The default of `maxPendingBytes`: 64 MiB. */
+export const DEFAULT_MAX_PENDING_BYTES = 64 * 1024 * 1024;
 
 /** One token of a subject: no whitespace, no dot; `*` and `>` only as whole tokens. */
 const SUBJECT_TOKEN = /^(?:\*|>|[^\s.*>]+)$/;
@@ -83,6 +94,12 @@ export const natsSourceConfigSchema = z
     queue: z.string().regex(/^[^\s]+$/, "a queue group is non-empty and has no whitespace").optional(),
     /** Largest message accepted; a larger one is dropped as TOO_LARGE before it is decoded. */
     maxPayloadBytes: z.int().min(1).max(MAX_ROUTER_EVENT_JSON_BYTES).default(MAX_ROUTER_EVENT_JSON_BYTES),
+    /**
+     * Bytes of messages received and not yet applied (64 MiB, a NATS server's
+     * default allowance for a slow consumer); a message that would go past it
+     * is dropped and counted (`mmgate_relay_nats_backlog_dropped_total`).
+     */
+    maxPendingBytes: z.int().min(1).max(Number.MAX_SAFE_INTEGER).default(DEFAULT_MAX_PENDING_BYTES),
     /** Connection name the server shows in its monitoring. */
     name: z.string().min(1).default("mmgate-relay"),
     /** Pause between attempts to reconnect to a lost server (the client adds up to 100 ms of jitter). */
@@ -108,10 +125,14 @@ export type NatsSourceConfig = z.output<typeof natsSourceConfigSchema>;
 export type NatsSourceConfigInput = z.input<typeof natsSourceConfigSchema>;
 
 /**
- * Receives each event, in message order, synchronously. An exception is
- * counted (`sinkErrors`) and logged; the source goes on with the next event.
+ * Receives each event, in message order. It may apply the event at once, or
+ * return stepped work (a generator that yields where it may pause, such as
+ * RelayPool.applyInSteps), which the source runs to its end through its
+ * slicer before the next event; any other value is ignored. An exception,
+ * from the call or from a step, is counted (`sinkErrors`) and logged; the
+ * source goes on with the next event.
  */
-export type RouterEventSink = (event: RouterEvent) => void;
+export type RouterEventSink = (event: RouterEvent) => unknown;
 
 /** Counters of a NATS source (on a prom-client registry). */
 export interface NatsSourceMetrics {
@@ -123,6 +144,8 @@ export interface NatsSourceMetrics {
   readonly rejected: Counter<"code">;
   /** Events whose sink threw. */
   readonly sinkErrors: Counter;
+  /** Messages dropped because `maxPendingBytes` of earlier ones were still waiting. */
+  readonly backlogDropped: Counter;
 }
 
 function counter<L extends string = string>(registry: Registry, name: string, help: string, labelNames: readonly L[] = []): Counter<L> {
@@ -132,8 +155,9 @@ function counter<L extends string = string>(registry: Registry, name: string, he
 /**
  * The counters every NATS source on `registry` shares, registered on first
  * use: `mmgate_relay_nats_messages_total`, `mmgate_relay_nats_events_total`,
- * `mmgate_relay_nats_rejected_total{code}` and
- * `mmgate_relay_nats_sink_errors_total`.
+ * `mmgate_relay_nats_rejected_total{code}`,
+ * `mmgate_relay_nats_sink_errors_total` and
+ * `mmgate_relay_nats_backlog_dropped_total`.
  */
 export function natsSourceMetrics(registry: Registry): NatsSourceMetrics {
   return {
@@ -141,6 +165,7 @@ export function natsSourceMetrics(registry: Registry): NatsSourceMetrics {
     events: counter(registry, "mmgate_relay_nats_events_total", "Router events read from NATS messages and handed on"),
     rejected: counter(registry, "mmgate_relay_nats_rejected_total", "NATS messages dropped as too large or not router-event JSON, by error code", ["code"] as const),
     sinkErrors: counter(registry, "mmgate_relay_nats_sink_errors_total", "Router events from NATS whose consumer threw"),
+    backlogDropped: counter(registry, "mmgate_relay_nats_backlog_dropped_total", "NATS messages dropped because maxPendingBytes of earlier ones were still waiting to be applied"),
   };
 }
 
@@ -148,6 +173,17 @@ export interface NatsEventSourceOptions {
   readonly logger?: Logger;
   /** Registers the source's counters (natsSourceMetrics) on this registry. */
   readonly registry?: Registry;
+  /**
+   * Delivers each message as one task of this slicer, yielding the loop
+   * whenever its slice is spent. Default: a slicer of the source's own.
+   */
+  readonly slicer?: WorkSlicer;
+  /**
+   * Called before a message's events are delivered; what it returns is
+   * called after the last one (the relay holds the pool's publications, so
+   * that a message publishes as one delta however many turns it takes).
+   */
+  readonly aroundMessage?: () => () => void;
 }
 
 /** What a source has done since it was built (across runs). */
@@ -160,6 +196,10 @@ export interface NatsEventSourceStats {
   readonly rejected: Readonly<Record<RouterEventJsonErrorCode, number>>;
   /** Events whose sink threw. */
   readonly sinkErrors: number;
+  /** Messages dropped because `maxPendingBytes` of earlier ones were still waiting. */
+  readonly backlogDropped: number;
+  /** Bytes of messages received and not yet delivered. */
+  readonly pendingBytes: number;
   /** Whether a run is connected to a server now (from when the server has its subscription). */
   readonly connected: boolean;
 }
@@ -202,6 +242,17 @@ class LogThrottle {
 let natsModule: Promise<typeof NatsModule> | undefined;
 
 
+/** Whether a sink handed back stepped work rather than nothing (or whatever else it returned). */
+function isSteps(value: unknown): value is Generator<void, unknown, void> {
+  return typeof value === "object" && value !== null && typeof (value as { next?: unknown }).next === "function";
+}
+
+/** What an event counts toward a slice: one, and one per block or block hash it carries. */
+function eventBlocks(event: RouterEvent): number {
+  const data = event.data;
+  return 1 + (data.kind === "stored" ? data.blocks.length : data.kind === "removed" ? data.blockHashes.length : 0);
+}
+
 /** Whether a line break stands between two non-blank parts of `text`. */
 function hasInnerLineBreak(text: string): boolean {
   return text.trim().includes("\n");
@@ -221,10 +272,20 @@ export class NatsEventSource {
   private readonly decoder = new TextDecoder("utf-8", { fatal: true });
   private readonly rejectLog = new LogThrottle(1000);
   private readonly sinkLog = new LogThrottle(1000);
+  private readonly backlogLog = new LogThrottle(1000);
+  private readonly slicer: WorkSlicer;
+  private readonly aroundMessage: (() => () => void) | undefined;
+  /** Messages received, waiting for their turn (the one being delivered included) from `head` on, and their bytes. */
+  private backlog: Msg[] = [];
+  private head = 0;
+  private pendingBytes = 0;
+  /** Delivers the backlog; undefined while it is empty. */
+  private delivering: Promise<void> | undefined;
   private readonly counts = {
     messages: 0,
     events: 0,
     sinkErrors: 0,
+    backlogDropped: 0,
     rejected: Object.fromEntries(REJECT_CODES.map((c) => [c, 0])) as Record<RouterEventJsonErrorCode, number>,
   };
   private connected = false;
@@ -236,6 +297,8 @@ export class NatsEventSource {
     this.sink = sink;
     this.logger = options.logger?.child({ source: "nats", subject: this.config.subject });
     this.metrics = options.registry === undefined ? undefined : natsSourceMetrics(options.registry);
+    this.slicer = options.slicer ?? new WorkSlicer();
+    this.aroundMessage = options.aroundMessage;
   }
 
   stats(): NatsEventSourceStats {
@@ -244,14 +307,17 @@ export class NatsEventSource {
       events: this.counts.events,
       rejected: { ...this.counts.rejected },
       sinkErrors: this.counts.sinkErrors,
+      backlogDropped: this.counts.backlogDropped,
+      pendingBytes: this.pendingBytes,
       connected: this.connected,
     };
   }
 
   /**
    * Connects, subscribes and delivers events until `signal` fires, then
-   * drains the connection and resolves. Rejects when the first connection
-   * fails (no server answers, authentication is refused) or the connection
+   * drains the connection, delivers what it had received, and resolves.
+   * Rejects when the first connection fails (no server answers,
+   * authentication is refused) or the connection
    * later closes for good; a server lost meanwhile is reconnected to by the
    * client, every `reconnectWaitMs`, with no limit on attempts.
    */
@@ -261,8 +327,10 @@ export class NatsEventSource {
     try {
       await this.session(signal);
     } finally {
-      this.running = false;
       this.connected = false;
+      // What was received is delivered before the run ends, whichever way it ends.
+      await this.delivering;
+      this.running = false;
     }
   }
 
@@ -386,6 +454,52 @@ export class NatsEventSource {
   private onMessage(msg: Msg): void {
     this.counts.messages++;
     this.metrics?.messages.inc();
+    const bytes = msg.data.length;
+    if (this.head < this.backlog.length && this.pendingBytes + bytes > this.config.maxPendingBytes) {
+      this.counts.backlogDropped++;
+      this.metrics?.backlogDropped.inc();
+      const held = this.backlogLog.take();
+      if (held !== undefined) {
+        this.logger?.warn({ subject: msg.subject, bytes, pendingBytes: this.pendingBytes, held }, "dropped a NATS message: maxPendingBytes of earlier ones are still waiting to be applied");
+      }
+      return;
+    }
+    this.backlog.push(msg);
+    this.pendingBytes += bytes;
+    this.delivering ??= this.deliverBacklog();
+  }
+
+  /** Delivers waiting messages one at a time, in arrival order, until none is left. */
+  private async deliverBacklog(): Promise<void> {
+    // Start on a later microtask: onMessage returns to the client at once.
+    await undefined;
+    try {
+      while (this.head < this.backlog.length) {
+        const current = this.backlog[this.head]!;
+        try {
+          await this.slicer.exclusive(() => this.deliver(current));
+        } catch (error) {
+          this.logger?.error({ err: errorOf(error), subject: current.subject }, "delivering a NATS message failed");
+        }
+        this.head += 1;
+        this.pendingBytes -= current.data.length;
+        // Delivered messages leave the array in batches, not one shift at a time.
+        if (this.head >= 1024 && this.head * 2 >= this.backlog.length) {
+          this.backlog = this.backlog.slice(this.head);
+          this.head = 0;
+        }
+        // The next message's JSON is decoded in one piece: not in a turn that applying used already.
+        if (this.slicer.busy && this.head < this.backlog.length) await this.slicer.yieldTurn();
+      }
+      this.backlog = [];
+      this.head = 0;
+    } finally {
+      this.delivering = undefined;
+    }
+  }
+
+  /** One message's events to the sink, in order, in slices. */
+  private async deliver(msg: Msg): Promise<void> {
     let events: RouterEvent[];
     try {
       events = this.decode(msg.data);
@@ -393,17 +507,30 @@ export class NatsEventSource {
       this.reject(msg, error instanceof RouterEventJsonError ? error : new RouterEventJsonError("NOT_JSON", "$", errorOf(error).message));
       return;
     }
-    for (const event of events) {
-      this.counts.events++;
-      this.metrics?.events.inc();
-      try {
-        this.sink(event);
-      } catch (error) {
-        this.counts.sinkErrors++;
-        this.metrics?.sinkErrors.inc();
-        const held = this.sinkLog.take();
-        if (held !== undefined) this.logger?.error({ err: errorOf(error), subject: msg.subject, held }, "router event sink threw; the event is lost");
+    const slicer = this.slicer;
+    // Decoding counts toward the slice: one step per event it read.
+    if (slicer.due(events.length)) await slicer.yieldTurn();
+    const release = this.aroundMessage?.();
+    try {
+      for (const event of events) {
+        this.counts.events++;
+        this.metrics?.events.inc();
+        try {
+          const steps = this.sink(event);
+          if (isSteps(steps)) {
+            const done = slicer.finish(steps);
+            if (done instanceof Promise) await done;
+          }
+        } catch (error) {
+          this.counts.sinkErrors++;
+          this.metrics?.sinkErrors.inc();
+          const held = this.sinkLog.take();
+          if (held !== undefined) this.logger?.error({ err: errorOf(error), subject: msg.subject, held }, "router event sink threw; the event is lost");
+        }
+        if (slicer.due(eventBlocks(event))) await slicer.yieldTurn();
       }
+    } finally {
+      release?.();
     }
   }
 

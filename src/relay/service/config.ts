@@ -10,6 +10,7 @@ import { DEFAULT_CKF_CONFIG, DEFAULT_EXPECTED_UNIQUE_BLOCKS, DEFAULT_PUBLICATION
 import { KV_QUERY_HASH_FORMATS } from "../../kv/index.js";
 import { DEFAULT_MAX_QUEUED_BYTES, DEFAULT_MAX_QUEUED_FRAMES, MAX_FRAME_BYTES, MAX_QUEUED_FRAMES_LIMIT, MAX_TIMER_VALUE_MS, minQueuedBytes } from "../hub/index.js";
 import { natsSourceConfigSchema } from "../nats/index.js";
+import { DEFAULT_SLICE_BUDGET } from "../../util/index.js";
 import { WORKER_ROLES } from "../wire/index.js";
 
 const U64_MAX = (1n << 64n) - 1n;
@@ -34,6 +35,17 @@ const streamLimit = z.number().int().min(1).max(1_000_000).default(64);
 
 /** The most expected blocks whose bucket count is within the relay's 2^24: floor((5n + 15) / 16) <= 2^24. */
 export const MAX_EXPECTED_BLOCKS = Math.floor((16 * MAX_RELAY_BUCKET_COUNT) / 5);
+
+/**
+ * The default of `maxBlocksPerEvent`: as many as `maxEventsPerMessage`'s.
+ * A 1 MiB JSON event (the NATS and `kv publish` line limit) holds about
+ * 14,000 blocks with full-width hashes, so only the gRPC path reaches it.
+ */
+export const DEFAULT_MAX_BLOCKS_PER_EVENT = 65_536;
+
+/** Pool streams per connection and per client address, by default (the total is 64). */
+export const DEFAULT_MAX_POOL_STREAMS_PER_CONNECTION = 16;
+export const DEFAULT_MAX_POOL_STREAMS_PER_PEER = 32;
 
 /** The smallest max_message_bytes: one largest CBI1 frame plus 64 KiB of envelope. */
 export const MIN_MAX_MESSAGE_BYTES = MAX_FRAME_BYTES + 65_536;
@@ -137,9 +149,31 @@ export const relayConfigSchema = z
     maxInitializedPoolHubs: streamLimit,
     maxReadinessSubscribers: streamLimit,
     maxLoadSubscribers: streamLimit,
+    /**
+     * Pool streams (SubscribeKvPool and its decoded sibling) one connection,
+     * and one client address, may hold at once: below the total, so that one
+     * client (64 streams on one connection that never read, say) cannot take
+     * every slot. A stream counts until its HTTP/2 stream is gone.
+     */
+    maxPoolStreamsPerConnection: z.number().int().min(1).max(1_000_000).default(DEFAULT_MAX_POOL_STREAMS_PER_CONNECTION),
+    maxPoolStreamsPerPeer: z.number().int().min(1).max(1_000_000).default(DEFAULT_MAX_POOL_STREAMS_PER_PEER),
     /** Ingest streams open at once, and events per ingest message. */
     maxIngestStreams: z.number().int().min(1).max(100_000).default(256),
     maxEventsPerMessage: z.number().int().min(1).max(1_000_000).default(65_536),
+    /**
+     * Blocks a Stored event (block hashes a Removed event) may carry, from
+     * ingest or NATS; a longer event is rejected (EventTooLarge) and the
+     * stream goes on.
+     */
+    maxBlocksPerEvent: z.number().int().min(1).max(16_777_216).default(DEFAULT_MAX_BLOCKS_PER_EVENT),
+    /**
+     * Applying events (ingest messages and NATS messages, one at a time across
+     * the relay) yields the event loop after this many milliseconds of work,
+     * or this many blocks and events, whichever comes first, and goes on in a
+     * later turn.
+     */
+    ingestSliceMs: z.number().min(0.1).max(1_000).default(DEFAULT_SLICE_BUDGET.sliceMs),
+    ingestSliceBlocks: z.number().int().min(1).max(16_777_216).default(DEFAULT_SLICE_BUDGET.sliceSteps),
   })
   .refine((c) => new Set(c.pools.map((p) => p.name)).size === c.pools.length, { message: "pool names must be unique", path: ["pools"] });
 

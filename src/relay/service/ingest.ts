@@ -3,12 +3,27 @@
  * events into one named pool. Events apply in order; one that the filter
  * state refuses is counted and reported, and the stream goes on. What is
  * still pending when the stream ends is published then.
+ *
+ * Applying is sliced so that the event loop keeps turning (health checks,
+ * subscriber streams, timers): a message is applied as one task of the
+ * relay's slicer (one message at a time across every stream, pool and NATS
+ * source, in arrival order), which yields the loop whenever its slice is
+ * spent: between events, and between the blocks of a large event
+ * (DcCkfState.applyEventInSteps, the same code as an unpaused application,
+ * so the filter state and every event's outcome are what applying the same
+ * events in the same order without a pause gives). An event over
+ * `maxBlocksPerEvent` is rejected (EventTooLarge) like any refused event.
+ * A stream takes its next message only once the previous one is applied:
+ * what it holds in flight is one decoded message (at most the listener's
+ * receive limit on the wire), and HTTP/2 flow control holds the client back
+ * meanwhile.
  */
 import { create } from "@bufbuild/protobuf";
 import type { ServiceImpl } from "@connectrpc/connect";
 import type { KvEventService} from "../../../gen/mmgate/kvevents/v1/kvevents_pb.js";
 import { PublishResponseSchema, type PublishRequest, type RouterEvent as WireRouterEvent } from "../../../gen/mmgate/kvevents/v1/kvevents_pb.js";
 import { CkfError, type KvCacheEventData, type RouterEvent, type StorageTier } from "../../kv/index.js";
+import type { WorkSlicer } from "../../util/index.js";
 import type { RelayMetrics } from "./metrics.js";
 import type { RelayPool } from "./pool.js";
 import type { Relay } from "./relay.js";
@@ -29,7 +44,11 @@ export class IngestError extends Error {
   }
 }
 
-/** A wire event as the filter state takes it; a missing body is an InvalidEvent the state reports. */
+/**
+ * A wire event as the filter state takes it; a missing body is an InvalidEvent
+ * the state reports. The blocks and hashes are the wire message's own (a
+ * StoredBlock already has the two fields the state reads), not copies.
+ */
 export function routerEventFromWire(event: WireRouterEvent): RouterEvent | CkfError {
   let data: KvCacheEventData;
   const body = event.data;
@@ -39,7 +58,7 @@ export function routerEventFromWire(event: WireRouterEvent): RouterEvent | CkfEr
         kind: "stored",
         parentHash: body.value.parentHash,
         startPosition: body.value.startPosition,
-        blocks: body.value.blocks.map((block) => ({ blockHash: block.blockHash, tokensHash: block.tokensHash })),
+        blocks: body.value.blocks,
       };
       break;
     case "removed":
@@ -61,6 +80,47 @@ export function routerEventFromWire(event: WireRouterEvent): RouterEvent | CkfEr
   };
 }
 
+/** What one message did: events applied and rejected, each rejection with its stream position. */
+export interface MessageOutcome {
+  applied: number;
+  rejected: number;
+}
+
+/**
+ * Applies one message's events to `pool`, in order, yielding the loop
+ * whenever the slicer's slice is spent; reports each rejection with its
+ * position in the stream (`first` is the position of the message's first
+ * event). Run it as one task of `slicer.exclusive`, so that no other event
+ * work interleaves with it.
+ */
+export async function applyWireEvents(
+  pool: RelayPool,
+  slicer: WorkSlicer,
+  events: readonly WireRouterEvent[],
+  first: bigint,
+  reject: (index: bigint, error: CkfError) => void,
+): Promise<MessageOutcome> {
+  const outcome: MessageOutcome = { applied: 0, rejected: 0 };
+  for (let i = 0; i < events.length; i++) {
+    const event = routerEventFromWire(events[i]!);
+    let error: CkfError | undefined;
+    if (event instanceof CkfError) {
+      error = event;
+    } else {
+      const done = slicer.finish(pool.applyInSteps(event, slicer.due));
+      error = done instanceof Promise ? await done : done;
+    }
+    if (error === undefined) {
+      outcome.applied += 1;
+    } else {
+      outcome.rejected += 1;
+      reject(first + BigInt(i), error);
+    }
+    if (slicer.due()) await slicer.yieldTurn();
+  }
+  return outcome;
+}
+
 export interface IngestServiceOptions {
   readonly relay: Relay;
   readonly metrics: RelayMetrics;
@@ -69,6 +129,7 @@ export interface IngestServiceOptions {
 export function ingestService(options: IngestServiceOptions): Partial<ServiceImpl<typeof KvEventService>> {
   const { relay, metrics } = options;
   const { maxIngestStreams, maxEventsPerMessage } = relay.config;
+  const slicer = relay.slicer;
   let open = 0;
   return {
     async publish(requests: AsyncIterable<PublishRequest>) {
@@ -93,26 +154,30 @@ export function ingestService(options: IngestServiceOptions): Partial<ServiceImp
           if (request.events.length > maxEventsPerMessage) {
             throw new IngestError("TooManyEvents", `a message carries at most ${maxEventsPerMessage} events, not ${request.events.length}`);
           }
-          let messageApplied = 0;
-          let messageRejected = 0;
-          for (const wire of request.events) {
-            const event = routerEventFromWire(wire);
-            const error = event instanceof CkfError ? event : pool.apply(event);
-            if (error === undefined) {
-              messageApplied += 1;
-            } else {
-              messageRejected += 1;
-              if (rejections.length < MAX_REPORTED_REJECTIONS) rejections.push({ index, code: error.code, message: error.message });
+          const target = pool;
+          const { applied: messageApplied, rejected: messageRejected } = await slicer.exclusive(async () => {
+            // The message's events publish together, however many turns applying them takes.
+            const release = target.hold();
+            try {
+              return await applyWireEvents(target, slicer, request.events, index, (at, error) => {
+                if (rejections.length < MAX_REPORTED_REJECTIONS) rejections.push({ index: at, code: error.code, message: error.message });
+              });
+            } finally {
+              release();
             }
-            index += 1n;
-          }
+          });
+          index += BigInt(request.events.length);
           applied += BigInt(messageApplied);
           rejected += BigInt(messageRejected);
           if (messageApplied > 0) metrics.ingestEvents.inc({ pool: pool.name, result: "applied" }, messageApplied);
           if (messageRejected > 0) metrics.ingestEvents.inc({ pool: pool.name, result: "rejected" }, messageRejected);
+          // The transport decodes the next message when it is asked for it, in one piece: not in a turn that applying used already.
+          if (slicer.busy) await slicer.yieldTurn();
         }
         if (pool === undefined) throw new IngestError("MissingPool", "the stream ended before naming a pool");
-        pool.flush();
+        // In the queue too: an event of another task may be mid-way, and this stream's summary counts its own last delta.
+        const done = pool;
+        await slicer.exclusive(() => done.flush());
         const published = pool.deltasPublished - deltasAtStart;
         return create(PublishResponseSchema, { applied, rejected, rejections, deltasPublished: BigInt(Math.max(0, published)), sequence: pool.sequence });
       } finally {

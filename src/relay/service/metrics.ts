@@ -7,7 +7,8 @@ import { Counter, Gauge, type Registry } from "prom-client";
 import { registeredMetric } from "../../util/index.js";
 
 export type RelayStream = "catalog" | "pool" | "readiness" | "load";
-export type LimitScope = "total" | "per_pool" | "initialized_hub";
+/** The reference's scopes, and mmgate's per-connection and per-peer caps on pool streams. */
+export type LimitScope = "total" | "per_pool" | "initialized_hub" | "per_connection" | "per_peer";
 
 /** What the scrape-time gauges read. */
 export interface RelayGaugeSource {

@@ -80,7 +80,13 @@ export const relayModule = defineModule({
         for (const pool of relay.allPools()) {
           const nats = pool.config.nats;
           if (nats === undefined) continue;
-          const source = new NatsEventSource(nats, (event) => void pool.apply(event), { logger: ctx.logger.child({ pool: pool.name }), registry: ctx.metrics });
+          // The same sliced application as the ingest streams': one message at a time through the relay's slicer.
+          const source = new NatsEventSource(nats, (event) => pool.applyInSteps(event, relay.slicer.due), {
+            logger: ctx.logger.child({ pool: pool.name }),
+            registry: ctx.metrics,
+            slicer: relay.slicer,
+            aroundMessage: () => pool.hold(),
+          });
           // A source that cannot connect, or loses its connection for good, is restarted with backoff.
           ctx.tasks.run(`relay NATS source of pool ${pool.name}`, (signal) => source.run(signal));
         }

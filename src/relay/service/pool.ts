@@ -34,6 +34,7 @@ import {
   relayLease,
   type CanonicalModelRegistration,
   type DcCkfDelta,
+  type PauseCheck,
   type ProducerIdentity,
   type RouterEvent,
 } from "../../kv/index.js";
@@ -47,6 +48,8 @@ export interface RelayPoolContext {
   readonly dcId: bigint;
   readonly publicationThreshold: number;
   readonly publicationDelayMs: number;
+  /** Blocks (block hashes) an event may carry; a longer one is EventTooLarge. Default: no limit. */
+  readonly maxBlocksPerEvent?: number;
   readonly hubLimits: Partial<HubLimits>;
   /** Monotonic ms. */
   readonly now: () => number;
@@ -87,6 +90,17 @@ function registrationOf(model: ModelRegistrationConfig): CanonicalModelRegistrat
   return createRegistrationWithTarget(id, target, model.aliases.map(modelAlias));
 }
 
+/** Never pauses: `apply` runs the stepped application in one go. */
+const NEVER: PauseCheck = () => false;
+
+/** Runs steps that never pause to their value. */
+function runToEnd<T>(steps: Generator<void, T, void>): T {
+  for (;;) {
+    const step = steps.next();
+    if (step.done === true) return step.value;
+  }
+}
+
 /** A fresh producer incarnation: a random u64. */
 function randomIncarnation(): bigint {
   return randomBytes(8).readBigUInt64LE(0);
@@ -117,6 +131,14 @@ export class RelayPool {
   private closed = false;
   /** Set by the delivery sink when the hub asks for a fresh snapshot. */
   private recoveryDue = false;
+  /** Holds on timer-driven publications (see hold()). */
+  private holds = 0;
+  /**
+   * A publication came due while it could not go out (an event mid-way in
+   * steps, or a hold); it goes out when the event is done or the last hold
+   * is released.
+   */
+  private publicationDue = false;
 
   constructor(config: RelayPoolConfig, ctx: RelayPoolContext) {
     this.name = config.name;
@@ -125,7 +147,10 @@ export class RelayPool {
     this.threshold = config.publicationThreshold ?? ctx.publicationThreshold;
     this.delayMs = config.publicationDelayMs ?? ctx.publicationDelayMs;
     // The pool decides when to publish (threshold, delay, turn), so the state never drains on its own.
-    this.state = new DcCkfState({ expectedBlocksPerDc: config.expectedBlocks, seed: config.seed, publishEveryNEvents: Number.MAX_SAFE_INTEGER }, { materialize: false });
+    this.state = new DcCkfState(
+      { expectedBlocksPerDc: config.expectedBlocks, seed: config.seed, publishEveryNEvents: Number.MAX_SAFE_INTEGER },
+      { materialize: false, ...(ctx.maxBlocksPerEvent === undefined ? {} : { maxBlocksPerEvent: ctx.maxBlocksPerEvent }) },
+    );
     const dcId = config.dcId ?? ctx.dcId;
     const semantics = createKvQuerySemantics(config.blockSize, config.hashFormat);
     const { namespace, component, endpoint } = config.endpoint;
@@ -177,35 +202,85 @@ export class RelayPool {
   /**
    * Applies one event. Returns the CkfError that rejected it (or part of it:
    * the rest of the event still applies), undefined when it applied or was
-   * ignored by the residency gate.
+   * ignored by the residency gate. The stepped application below, run
+   * without a pause.
    */
   apply(event: RouterEvent): CkfError | undefined {
+    return runToEnd(this.applyInSteps(event, NEVER));
+  }
+
+  /**
+   * Applies one event in steps (DcCkfState.applyEventInSteps): the generator
+   * yields whenever `pause` says so, between blocks, and its value is what
+   * `apply` returns. Until it is done nothing else may apply events to this
+   * pool; a publication that comes due meanwhile (the coalescing delay, a
+   * threshold, a flush) waits for the end of the event, so deltas always end
+   * at event boundaries. Only a barrier snapshot (a hub opening) may see the
+   * event partly applied, a consistent lane that the following deltas
+   * complete.
+   */
+  *applyInSteps(event: RouterEvent, pause: PauseCheck): Generator<void, CkfError | undefined, void> {
     if (this.closed) return new CkfError("InvalidEvent", `pool ${this.name} is closed`);
-    const outcome = this.state.applyEvent(event);
+    const outcome = yield* this.state.applyEventInSteps(event, pause);
     if (typeof event?.workerId === "bigint") this.workerSeen.set(event.workerId, this.ctx.now());
     if (outcome.firstError !== undefined) this.rejected += 1;
     else this.applied += 1;
     this.pending += 1;
-    if (this.pending >= this.threshold && !this.config.coalesceWithinTurn) {
+    if (this.publicationDue && this.holds === 0) {
+      this.flush();
+    } else if (this.pending >= this.threshold && !this.config.coalesceWithinTurn) {
       this.flush();
     } else if (this.pending >= this.threshold) {
       this.flushSoon ??= setImmediate(() => {
         this.flushSoon = undefined;
-        this.flush();
+        this.timedFlush();
       });
     } else {
       // Whatever stays below the threshold goes out after the coalescing delay.
       this.flushTimer ??= setTimeout(() => {
         this.flushTimer = undefined;
-        this.flush();
+        this.timedFlush();
       }, this.delayMs);
     }
     return outcome.firstError;
   }
 
-  /** Publishes whatever is pending now. */
+  /**
+   * Holds the publications the turn's end and the coalescing delay would
+   * make until the returned function is called (once; holds nest): the
+   * relay holds a pool while it applies one message, so that a message's
+   * events publish as one delta (or per threshold, without turn coalescing)
+   * however many turns its sliced application takes, as they did when a
+   * message applied within one turn. A held publication goes out on release.
+   */
+  hold(): () => void {
+    this.holds += 1;
+    let released = false;
+    return () => {
+      if (released) return;
+      released = true;
+      this.holds -= 1;
+      if (this.holds === 0 && this.publicationDue) this.flush();
+    };
+  }
+
+  /** A publication the turn's end or the delay made due: now, or when the event in steps and every hold are done. */
+  private timedFlush(): void {
+    if (this.holds > 0 || this.state.applying) {
+      this.publicationDue = true;
+      return;
+    }
+    this.flush();
+  }
+
+  /** Publishes whatever is pending now; while an event is applied in steps, when it is done. */
   flush(): void {
     if (this.closed) return;
+    if (this.state.applying) {
+      this.publicationDue = true;
+      return;
+    }
+    this.publicationDue = false;
     this.pending = 0;
     if (this.flushTimer !== undefined) clearTimeout(this.flushTimer);
     this.flushTimer = undefined;

@@ -5,6 +5,7 @@
  */
 import { randomBytes } from "node:crypto";
 import { samePoolId, type PoolId } from "../../kv/index.js";
+import { WorkSlicer } from "../../util/index.js";
 import type { PoolDescriptor, WorkerRoleName } from "../wire/index.js";
 import { RelayError } from "../wire/index.js";
 import { ChangeFeed } from "./change-feed.js";
@@ -56,6 +57,12 @@ export class Relay {
   readonly identity: RelayIdentityValue;
   readonly config: RelayConfig;
   readonly catalog = new ChangeFeed();
+  /**
+   * Applies events in slices, one message at a time across every pool and
+   * source (ingest streams, NATS): see ingest.ts. Its slices never overlap,
+   * so one turn of the event loop holds at most one slice of event work.
+   */
+  readonly slicer: WorkSlicer;
   /** Readiness changes (pools gaining or losing live workers, generations). */
   readonly readiness = new ChangeFeed();
   private readonly pools = new Map<string, RelayPool>();
@@ -76,9 +83,11 @@ export class Relay {
       drtInstanceId: config.drtInstanceId ?? randomBytes(8).readBigUInt64LE(0),
       relayIncarnation: randomBytes(8).readBigUInt64LE(0),
     });
+    this.slicer = new WorkSlicer({ sliceMs: config.ingestSliceMs, sliceSteps: config.ingestSliceBlocks });
     for (const poolConfig of config.pools) {
       const pool = new RelayPool(poolConfig, {
         dcId: config.dcId,
+        maxBlocksPerEvent: config.maxBlocksPerEvent,
         publicationThreshold: config.publicationThreshold,
         publicationDelayMs: config.publicationDelayMs,
         hubLimits: {

@@ -24,6 +24,7 @@ import {
   type RelayIdentity,
 } from "../../../gen/dynamo/kvrelay/v1/relay_pb.js";
 import { sameProducerIdentity, type ProducerIdentity } from "../../kv/index.js";
+import { callTransportOf, pacedWritesOf, type PacedWrites } from "../../server/index.js";
 import { linkSignals, Semaphore, type LinkedSignal } from "../../util/index.js";
 import { encodeSnapshot } from "../frames.js";
 import { HubError, type HubSubscriber, type PublicationFrame, type SubscriberEndReason, type SubscriberRead } from "../hub/index.js";
@@ -40,7 +41,7 @@ import {
   RelayError,
   roleToWire,
 } from "../wire/index.js";
-import type { RelayMetrics, RelayStream } from "./metrics.js";
+import type { LimitScope, RelayMetrics, RelayStream } from "./metrics.js";
 import type { RelayPool } from "./pool.js";
 import type { Relay } from "./relay.js";
 
@@ -63,6 +64,92 @@ class StreamAdmission {
       released = true;
       this.open -= 1;
     };
+  }
+}
+
+/**
+ * Pool streams open per key (a connection, a client address) against a cap
+ * below the total, so that one client cannot take every slot. A stream
+ * counts until its HTTP/2 stream is gone, not only while it is subscribed: a
+ * lagged subscriber that does not read its end keeps counting against its
+ * own client's caps (and no one else's).
+ */
+class KeyedAdmission<K> {
+  private readonly open = new Map<K, number>();
+  constructor(
+    private readonly limit: number,
+    private readonly label: string,
+  ) {}
+  /** Takes a slot for `key` or throws RESOURCE_LIMIT naming the limit. */
+  admit(key: K): () => void {
+    const count = this.open.get(key) ?? 0;
+    if (count >= this.limit) throw new RelayError("RESOURCE_LIMIT", `Relay ${this.label} limit ${this.limit} reached`);
+    this.open.set(key, count + 1);
+    let released = false;
+    return () => {
+      if (released) return;
+      released = true;
+      const left = (this.open.get(key) ?? 1) - 1;
+      if (left > 0) this.open.set(key, left);
+      else this.open.delete(key);
+    };
+  }
+}
+
+/** How a wait for the transport to take the last frame ended. */
+type Handover = "taken" | "stop" | "ended" | "timeout";
+
+/**
+ * The wait, after each frame of a pool stream, for the transport to have
+ * written it out (paced-writes.ts) before the next frame is produced: a
+ * client that does not read then holds one frame in the transport, and
+ * what follows stays in its bounded hub queue, which overflows into
+ * SUBSCRIBER_LAGGED. The wait also ends on the stop, on the subscription's
+ * end (lagged, idle, retired: ended now, not at the client's next read), or
+ * when the frame was not taken within the progress timeout. One timer per
+ * stream, refreshed per wait.
+ */
+class HandoverWaits {
+  private waits = 0;
+  private waiter: ((handover: Handover) => void) | undefined;
+  private timer: ReturnType<typeof setTimeout> | undefined;
+  private readonly onAbort = (): void => this.settle(this.waits, "stop");
+
+  constructor(
+    private readonly paced: PacedWrites | undefined,
+    private readonly subscriber: HubSubscriber,
+    private readonly signal: AbortSignal,
+    private readonly timeoutMs: number,
+  ) {
+    if (paced === undefined) return;
+    signal.addEventListener("abort", this.onAbort, { once: true });
+    void subscriber.whenEnded().then(() => this.settle(this.waits, "ended"));
+  }
+
+  /** "taken" at once without a paced transport (HTTP/1.1): its own 'drain' wait paces it. */
+  wait(): Handover | Promise<Handover> {
+    if (this.signal.aborted) return "stop";
+    if (this.subscriber.endReason !== undefined) return "ended";
+    const paced = this.paced;
+    if (paced === undefined || paced.idle) return "taken";
+    const id = ++this.waits;
+    if (this.timer === undefined) this.timer = setTimeout(() => this.settle(this.waits, "timeout"), this.timeoutMs);
+    else this.timer.refresh();
+    void paced.whenIdle().then(() => this.settle(id, "taken"));
+    return new Promise<Handover>((resolve) => (this.waiter = resolve));
+  }
+
+  dispose(): void {
+    if (this.timer !== undefined) clearTimeout(this.timer);
+    this.signal.removeEventListener("abort", this.onAbort);
+    this.settle(this.waits, "stop");
+  }
+
+  private settle(id: number, handover: Handover): void {
+    if (id !== this.waits) return;
+    const waiter = this.waiter;
+    this.waiter = undefined;
+    waiter?.(handover);
   }
 }
 
@@ -169,7 +256,9 @@ export function relayService(options: RelayServiceOptions): Partial<ServiceImpl<
     relayIncarnation: relay.identity.relayIncarnation,
   });
 
-  const admit = (stream: RelayStream, scope: "total" | "per_pool" | "initialized_hub" = "total"): (() => void) => {
+  const perConnection = new KeyedAdmission<object>(config.maxPoolStreamsPerConnection, "per-connection pool stream");
+  const perPeer = new KeyedAdmission<string>(config.maxPoolStreamsPerPeer, "per-peer pool stream");
+  const admit = (stream: RelayStream, scope: LimitScope = "total"): (() => void) => {
     try {
       const release = admission[stream].admit();
       metrics.subscribers.inc({ stream });
@@ -181,6 +270,37 @@ export function relayService(options: RelayServiceOptions): Partial<ServiceImpl<
       metrics.limitRejected.inc({ stream, scope });
       throw error;
     }
+  };
+
+  /**
+   * The pool stream's slots of its connection and of its client's address.
+   * The returned release frees them once the call's HTTP/2 stream is gone:
+   * an error whose trailers wait behind data the client has not read keeps
+   * counting against that client only.
+   */
+  const admitClient = (ctx: HandlerContext): (() => void) => {
+    const transport = callTransportOf(ctx);
+    const releases: (() => void)[] = [];
+    const take = <K>(limit: KeyedAdmission<K>, key: K | undefined, scope: LimitScope): void => {
+      if (key === undefined) return;
+      try {
+        releases.push(limit.admit(key));
+      } catch (error) {
+        metrics.limitRejected.inc({ stream: "pool", scope });
+        for (const release of releases) release();
+        throw error;
+      }
+    };
+    take(perConnection, transport?.connection, "per_connection");
+    take(perPeer, transport?.peerAddress, "per_peer");
+    const releaseAll = (): void => {
+      for (const release of releases) release();
+    };
+    const stream = transport?.stream;
+    return () => {
+      if (stream === undefined || stream.destroyed) releaseAll();
+      else stream.once("close", releaseAll);
+    };
   };
 
   /** Ends when the call is cancelled or the server drains; disposed when the call ends. */
@@ -224,46 +344,97 @@ export function relayService(options: RelayServiceOptions): Partial<ServiceImpl<
     return create(FilterUpdateSchema, init);
   }
 
-  async function* poolStream(subscriber: HubSubscriber, pool: RelayPool, expected: ProducerIdentity, stop: AbortSignal): AsyncGenerator<FilterUpdate> {
+  /** Why a handover that did not complete ends the stream: undefined to end it cleanly (the stop, the consumer's own close). */
+  function handoverError(
+    handover: Exclude<Handover, "taken">,
+    subscriber: HubSubscriber,
+    pool: RelayPool,
+    expected: ProducerIdentity,
+    during: "snapshot" | "stream",
+  ): RelayError | undefined {
+    switch (handover) {
+      case "stop":
+        return undefined;
+      case "timeout":
+        return endError("idle", pool, expected, during);
+      case "ended":
+        return endError(subscriber.endReason ?? "closed", pool, expected, during);
+    }
+  }
+
+  async function* poolStream(
+    subscriber: HubSubscriber,
+    pool: RelayPool,
+    expected: ProducerIdentity,
+    stop: AbortSignal,
+    paced: PacedWrites | undefined,
+  ): AsyncGenerator<FilterUpdate> {
     const snapshot = subscriber.takeSnapshot();
     const frames = encodeSnapshot(snapshot);
     const wireProducer = producerToWire(expected);
-    for (let i = 0; i < frames.count; i++) {
-      const permit = await encoding.acquire(stop).catch(() => undefined);
-      if (permit === undefined) return;
-      let next: IteratorResult<PublicationFrame>;
-      try {
-        next = frames.next();
-      } finally {
-        permit.release();
-      }
-      if (next.done === true) break;
-      const frame = next.value;
-      if (frame.kind !== "snapshot_chunk" || frame.sequence !== snapshot.sequence || frame.baseSequence !== snapshot.sequence) {
-        throw new RelayError("INVALID_PUBLICATION", "a snapshot chunk does not sit at its snapshot's sequence");
-      }
-      const handedAt = performance.now();
-      yield update(wireProducer, FilterUpdateKind.SNAPSHOT_CHUNK, frame, snapshot.sequence);
-      if (stop.aborted) return;
-      // The transport asks for the next message only once this one is written out.
-      if (performance.now() - handedAt > config.snapshotProgressTimeoutMs) {
-        throw new RelayError("SNAPSHOT_PROGRESS_TIMEOUT", `a snapshot chunk took longer than ${config.snapshotProgressTimeoutMs} ms to hand over`);
-      }
-      const ended = subscriber.endReason;
-      if (ended !== undefined) {
-        const error = endError(ended, pool, expected, "snapshot");
-        if (error === undefined) return;
-        throw error;
-      }
-    }
-    subscriber.releaseSnapshot();
-    let current = snapshot.sequence;
-    // Frames carry the hub's identity object: compared field by field once, then by reference.
-    let checked: ProducerIdentity | undefined;
-    const waits = new PoolStreamWaits(config.poolHeartbeatIntervalMs, stop);
+    const handover = new HandoverWaits(paced, subscriber, stop, config.snapshotProgressTimeoutMs);
+    let waits: PoolStreamWaits | undefined;
     try {
-      waits.expect(subscriber.next());
+      for (let i = 0; i < frames.count; i++) {
+        if (i > 0) {
+          // The next chunk is encoded only once the transport took this one.
+          const handed = await handover.wait();
+          if (handed !== "taken") {
+            const error = handoverError(handed, subscriber, pool, expected, "snapshot");
+            if (error === undefined) return;
+            throw error;
+          }
+          subscriber.noteProgress();
+        }
+        const permit = await encoding.acquire(stop).catch(() => undefined);
+        if (permit === undefined) return;
+        let next: IteratorResult<PublicationFrame>;
+        try {
+          next = frames.next();
+        } finally {
+          permit.release();
+        }
+        if (next.done === true) break;
+        const frame = next.value;
+        if (frame.kind !== "snapshot_chunk" || frame.sequence !== snapshot.sequence || frame.baseSequence !== snapshot.sequence) {
+          throw new RelayError("INVALID_PUBLICATION", "a snapshot chunk does not sit at its snapshot's sequence");
+        }
+        const handedAt = performance.now();
+        yield update(wireProducer, FilterUpdateKind.SNAPSHOT_CHUNK, frame, snapshot.sequence);
+        if (stop.aborted) return;
+        // Without paced writes (HTTP/1.1) the transport asks for the next message only once this one is written out.
+        if (performance.now() - handedAt > config.snapshotProgressTimeoutMs) {
+          throw new RelayError("SNAPSHOT_PROGRESS_TIMEOUT", `a snapshot chunk took longer than ${config.snapshotProgressTimeoutMs} ms to hand over`);
+        }
+        const ended = subscriber.endReason;
+        if (ended !== undefined) {
+          const error = endError(ended, pool, expected, "snapshot");
+          if (error === undefined) return;
+          throw error;
+        }
+      }
+      subscriber.releaseSnapshot();
+      let current = snapshot.sequence;
+      // Frames carry the hub's identity object: compared field by field once, then by reference.
+      let checked: ProducerIdentity | undefined;
+      waits = new PoolStreamWaits(config.poolHeartbeatIntervalMs, stop);
+      // The first handover is the last chunk's.
+      let during: "snapshot" | "stream" = "snapshot";
+      // A read stays pending across a heartbeat; a new one is asked for only after a delta was taken.
+      let reading = false;
       for (;;) {
+        // Frames wait in the hub's bounded queue, not in the transport, until the transport took the last one.
+        const handed = await handover.wait();
+        if (handed !== "taken") {
+          const error = handoverError(handed, subscriber, pool, expected, during);
+          if (error === undefined) return;
+          throw error;
+        }
+        during = "stream";
+        if (!reading) {
+          waits.expect(subscriber.next());
+          reading = true;
+        }
         const wake = await waits.wait();
         if (wake.kind === "stop") return;
         if (wake.kind === "tick") {
@@ -272,6 +443,7 @@ export function relayService(options: RelayServiceOptions): Partial<ServiceImpl<
           waits.sent();
           continue;
         }
+        reading = false;
         const read = wake.read;
         if (read.kind === "ended") {
           const error = endError(read.reason, pool, expected, "stream");
@@ -287,12 +459,12 @@ export function relayService(options: RelayServiceOptions): Partial<ServiceImpl<
           throw new RelayError("INVALID_PUBLICATION", `the publication is not contiguous: at ${current}, got ${frame.kind} ${frame.baseSequence} -> ${frame.sequence}`);
         }
         current = frame.sequence;
-        waits.expect(subscriber.next());
         yield update(wireProducer, FilterUpdateKind.DELTA, frame, current);
         waits.sent();
       }
     } finally {
-      waits.dispose();
+      waits?.dispose();
+      handover.dispose();
     }
   }
 
@@ -333,10 +505,12 @@ export function relayService(options: RelayServiceOptions): Partial<ServiceImpl<
       if (req.expectedProducer === undefined) throw new RelayError("INVALID_REQUEST", "expected_producer is required");
       const expected = producerFromWire(req.expectedProducer, "expected_producer");
       const release = admit("pool");
+      let releaseClient: (() => void) | undefined;
       let subscriber: HubSubscriber | undefined;
       const link = stopSignal(ctx);
       const stop = link.signal;
       try {
+        releaseClient = admitClient(ctx);
         const pool = relay.poolById(expected.poolId);
         if (pool === undefined) throw new RelayError("POOL_NOT_FOUND", "no pool with this pool_id is published here; refresh the catalog");
         if (!sameProducerIdentity(pool.producer, expected)) {
@@ -357,10 +531,11 @@ export function relayService(options: RelayServiceOptions): Partial<ServiceImpl<
           if (error instanceof HubError) throw new RelayError("PUBLICATION_UNAVAILABLE", `the pool's publication is not available: ${error.message}`, { cause: error });
           throw error;
         }
-        yield* poolStream(subscriber, pool, expected, stop);
+        yield* poolStream(subscriber, pool, expected, stop, pacedWritesOf(ctx));
       } finally {
         subscriber?.close();
         release();
+        releaseClient?.();
         link.dispose();
       }
     },
