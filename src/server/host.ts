@@ -444,7 +444,7 @@ export async function startHost(options: HostOptions): Promise<Host> {
     }),
   ];
   if (config.auth.token !== "") interceptors.push(bearerAuthInterceptor(config.auth.token));
-  const served: { service: DescService; implementation: object }[] = [
+  const served: { service: DescService; implementation: object; readMaxBytes?: number }[] = [
     ...bindings,
     { service: Health, implementation: healthService(health, drainController.signal) },
     {
@@ -462,7 +462,10 @@ export async function startHost(options: HostOptions): Promise<Host> {
     },
   ];
   const registerRoutes = (router: ConnectRouter) => {
-    for (const s of served) router.service(s.service, s.implementation);
+    for (const s of served) {
+      const limit = s.readMaxBytes !== undefined ? Math.min(s.readMaxBytes, config.limits.maxReceiveMessageBytes) : undefined;
+      router.service(s.service, s.implementation, limit !== undefined ? { readMaxBytes: limit } : {});
+    }
     addReflection(router, routed, drainController.signal);
   };
 
@@ -561,7 +564,8 @@ export async function startHost(options: HostOptions): Promise<Host> {
       // A client that accepts a compressed answer gets it from connect.
       declineCompressible: compressMinBytes > 0,
     });
-    for (const s of served) fastPath.addService(s.service, s.implementation);
+    // A service with a receive limit of its own is left to connect, which applies it.
+    for (const s of served) if (s.readMaxBytes === undefined) fastPath.addService(s.service, s.implementation);
     // A browser's call gets its CORS headers from the compatibility layer.
     // A refused authority is answered there too.
     const passOn = (headers: http2.IncomingHttpHeaders) => (cors.enabled && headers["origin"] !== undefined) || !hosts.check(headers).ok;

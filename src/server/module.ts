@@ -15,14 +15,27 @@ import type { TaskOptions } from "./supervisor.js";
 export interface ServiceBinding<S extends DescService = DescService> {
   readonly service: S;
   readonly implementation: Partial<ServiceImpl<S>>;
+  /**
+   * A receive limit of the service's own, below the host's
+   * maxReceiveMessageBytes: a message over it is refused
+   * (RESOURCE_EXHAUSTED) before it is decoded. Its calls all go through
+   * connect's handler, which applies it.
+   */
+  readonly readMaxBytes?: number;
+}
+
+/** Per-service settings of a binding. */
+export interface ServiceOptions {
+  readonly readMaxBytes?: number;
 }
 
 /** Binds an implementation to its descriptor with the implementation typed. */
 export function bindService<S extends DescService>(
   service: S,
   implementation: Partial<ServiceImpl<S>>,
+  options: ServiceOptions = {},
 ): ServiceBinding {
-  return { service, implementation } as unknown as ServiceBinding;
+  return { service, implementation, ...(options.readMaxBytes !== undefined ? { readMaxBytes: options.readMaxBytes } : {}) } as unknown as ServiceBinding;
 }
 
 /**

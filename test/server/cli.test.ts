@@ -121,7 +121,7 @@ describe("the mmgate executable", function () {
       expect(config.listen).to.equal("127.0.0.1:7000");
       expect(config.adminListen).to.equal("");
       expect(config.limits).to.include({ maxConcurrentStreams: 50, maxReceiveMessageBytes: 65536 });
-      expect(config.shutdown).to.deep.equal({ graceMs: 2500 });
+      expect(config.shutdown).to.deep.equal({ graceMs: 2500, delayMs: 0 });
       expect(config.auth).to.deep.equal({ token: "<redacted>" });
       expect(res.stdout).to.not.include("a-token-of-sufficient-length").and.not.include("sk-test");
       expect(res.stderr).to.include("mmgate serve: warning: MMGATE_OPENAI_API_KEY is not a config key");
@@ -254,7 +254,7 @@ describe("the mmgate executable", function () {
       const config = redactedConfig(load());
       expect(config).to.include({ listen: "127.0.0.1:50051", adminListen: "127.0.0.1:9464" });
       expect(config.limits).to.include({ maxReceiveMessageBytes: 8 * 1024 * 1024, maxSendMessageBytes: 8 * 1024 * 1024 });
-      expect(config.shutdown).to.deep.equal({ graceMs: 10_000 });
+      expect(config.shutdown).to.deep.equal({ graceMs: 10_000, delayMs: 0 });
     });
 
     it("layers file < MMGATE_* env < flags, and redacts the token", async () => {
@@ -270,7 +270,7 @@ describe("the mmgate executable", function () {
       expect(config.listen).to.equal("127.0.0.1:7000");
       expect(config.adminListen).to.equal("");
       expect(config.limits).to.include({ maxConcurrentStreams: 50, maxReceiveMessageBytes: 65536 });
-      expect(config.shutdown).to.deep.equal({ graceMs: 2500 });
+      expect(config.shutdown).to.deep.equal({ graceMs: 2500, delayMs: 0 });
       expect(config.auth).to.deep.equal({ token: "<redacted>" });
       expect(JSON.stringify(config)).to.not.include("a-token-of-sufficient-length");
     });

@@ -37,11 +37,19 @@ const streamLimit = z.number().int().min(1).max(1_000_000).default(64);
 export const MAX_EXPECTED_BLOCKS = Math.floor((16 * MAX_RELAY_BUCKET_COUNT) / 5);
 
 /**
- * The default of `maxBlocksPerEvent`: as many as `maxEventsPerMessage`'s.
- * A 1 MiB JSON event (the NATS and `kv publish` line limit) holds about
- * 14,000 blocks with full-width hashes, so only the gRPC path reaches it.
+ * The default of `maxBlocksPerEvent`: a Stored event of 32,768 blocks with
+ * full-width hashes is about 0.8 MB of protobuf, within one ingest message
+ * (`maxIngestMessageBytes`), and 524,288 tokens at a block size of 16. A 1
+ * MiB JSON event (the NATS and `kv publish` line limit) holds about 14,000
+ * blocks, so only the gRPC path reaches it.
  */
-export const DEFAULT_MAX_BLOCKS_PER_EVENT = 65_536;
+export const DEFAULT_MAX_BLOCKS_PER_EVENT = 32_768;
+
+/**
+ * The default of `maxIngestMessageBytes`: decoding a message is one turn of
+ * the event loop that slicing cannot split (about 50 ms for 1 MiB here).
+ */
+export const DEFAULT_MAX_INGEST_MESSAGE_BYTES = 1024 * 1024;
 
 /** Pool streams per connection and per client address, by default (the total is 64). */
 export const DEFAULT_MAX_POOL_STREAMS_PER_CONNECTION = 16;
@@ -160,6 +168,14 @@ export const relayConfigSchema = z
     /** Ingest streams open at once, and events per ingest message. */
     maxIngestStreams: z.number().int().min(1).max(100_000).default(256),
     maxEventsPerMessage: z.number().int().min(1).max(1_000_000).default(65_536),
+    /**
+     * Largest KvEventService.Publish message taken (below the host's
+     * limits.maxReceiveMessageBytes): a message is decoded in one turn of
+     * the event loop, before ingest can slice it, so this bounds how long
+     * one message can hold every other call. A larger message ends the
+     * stream with RESOURCE_EXHAUSTED; split the events over messages.
+     */
+    maxIngestMessageBytes: z.number().int().min(1024).max(1024 * 1024 * 1024).default(DEFAULT_MAX_INGEST_MESSAGE_BYTES),
     /**
      * Blocks a Stored event (block hashes a Removed event) may carry, from
      * ingest or NATS; a longer event is rejected (EventTooLarge) and the

@@ -69,7 +69,8 @@ export const relayModule = defineModule({
     return {
       services: [
         bindService(KvEventRelay, relayImpl),
-        bindService(KvEventService, ingestService({ relay, metrics })),
+        // Decoded in one turn of the event loop before ingest slices it: bounded here.
+        bindService(KvEventService, ingestService({ relay, metrics }), { readMaxBytes: relay.config.maxIngestMessageBytes }),
         // CBI1 as protobuf, beside the wire-compatible contract: single frames, and the pool streams decoded.
         bindService(Cbi1Service, cbi1Service()),
         bindService(DecodedRelayService, decodedRelayService(relayImpl)),

@@ -6,7 +6,7 @@
  * tests look at what callbacks saw while an ingest was under way.
  */
 import { create } from "@bufbuild/protobuf";
-import { createClient } from "@connectrpc/connect";
+import { Code, ConnectError, createClient } from "@connectrpc/connect";
 import { expect } from "chai";
 import { connect, type NatsConnection } from "nats";
 import { Health, HealthCheckResponse_ServingStatus as S } from "../../../gen/grpc/health/v1/health_pb.js";
@@ -57,7 +57,8 @@ describe("relay ingest: sliced application", function () {
     let server: RelayServer;
     before(async () => {
       // The default slices (5 ms or 4,096 blocks) and the default per-event limit (65,536 blocks).
-      server = await startRelay({ pools: [{ name: "default", expectedBlocks: 262_144 }] });
+      // Two 65,536-block events in one message: over the default per-event and message limits, raised here.
+      server = await startRelay({ pools: [{ name: "default", expectedBlocks: 262_144 }], maxBlocksPerEvent: 65_536, maxIngestMessageBytes: 8 * 1024 * 1024 });
     });
     after(async () => server?.close());
 
@@ -118,6 +119,23 @@ describe("relay ingest: sliced application", function () {
       ]);
       // The refused event changed nothing: the pool holds the 103 blocks of the other two.
       expect(pool.occupancy()).to.deep.equal({ uniqueBlocks: 103, ranks: 2 });
+    });
+
+    it("a message over maxIngestMessageBytes is refused before it is decoded (RESOURCE_EXHAUSTED), on both paths", async () => {
+      const small = await startRelay({ pools: [{ name: "default", expectedBlocks: 4096 }], maxIngestMessageBytes: 4096 });
+      try {
+        // About 24 bytes a block: 400 blocks are well over 4 KiB.
+        const error = await publish(small, "default", [[chain(1n, 1n << 60n, 400)]]).then(
+          () => undefined,
+          (e: unknown) => ConnectError.from(e),
+        );
+        expect(error?.code).to.equal(Code.ResourceExhausted);
+        expect(small.relay.pool("default")!.occupancy().uniqueBlocks).to.equal(0);
+        // Under the limit, the same stream shape is taken.
+        expect(await publish(small, "default", [[chain(1n, 1n << 60n, 40)]])).to.include({ applied: 1n });
+      } finally {
+        await small.close();
+      }
     });
 
     it("a message over maxEventsPerMessage still refuses the whole stream", async () => {
