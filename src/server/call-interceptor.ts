@@ -3,7 +3,7 @@ import type { Interceptor } from "@connectrpc/connect";
 import { Code, ConnectError } from "@connectrpc/connect";
 import type { Logger } from "pino";
 import { observeStream } from "../util/index.js";
-import type { ErrorMapper } from "./module.js";
+import type { ErrorMapper, HostStatusDecorator, HostStatusOrigin } from "./module.js";
 import { recordStatus, rpcRecordKey } from "./rpc-observer.js";
 
 export interface CallInterceptorOptions {
@@ -13,6 +13,8 @@ export interface CallInterceptorOptions {
   readonly exempt: ReadonlySet<string>;
   /** The error mapper of the module that owns a service. */
   readonly mapperFor: (serviceTypeName: string) => ErrorMapper | undefined;
+  /** The decorator of the module that owns a service, for the statuses built here (unmapped errors, drain refusals). */
+  readonly decoratorFor?: (serviceTypeName: string) => HostStatusDecorator | undefined;
   readonly logger: Logger;
 }
 
@@ -24,6 +26,9 @@ export interface CallInterceptorOptions {
  *   is, a cancellation or deadline keeps its meaning, anything else goes to
  *   the owning module's mapper, and what no mapper claims is logged with its
  *   stack and answers INTERNAL (never UNKNOWN) naming the request id;
+ * - lets the owning module decorate the two statuses it builds itself (the
+ *   INTERNAL of an unmapped error, the drain's UNAVAILABLE), say with a
+ *   contract's reason trailer, keeping their codes;
  * - records the status for the RPC log and metrics, as a fallback for
  *   responses whose status never reaches the wire in a readable form.
  *
@@ -31,9 +36,19 @@ export interface CallInterceptorOptions {
  * and, for streams, one wrapper.
  */
 export function callInterceptor(options: CallInterceptorOptions): Interceptor {
-  const { draining, exempt, mapperFor, logger } = options;
+  const { draining, exempt, mapperFor, decoratorFor, logger } = options;
   return (next) => async (req) => {
     const record = req.contextValues.get(rpcRecordKey);
+    /** A status built here, as the owning module decorates it; the code stays the host's. */
+    const hostStatus = (status: ConnectError, origin: HostStatusOrigin): ConnectError => {
+      let decorated: ConnectError | undefined;
+      try {
+        decorated = decoratorFor?.(req.service.typeName)?.(status, origin);
+      } catch (decoratorError) {
+        logger.error({ err: decoratorError, service: req.service.typeName }, "status decorator threw");
+      }
+      return decorated !== undefined && decorated.code === status.code ? decorated : status;
+    };
     const fail = (error: unknown): ConnectError => {
       let status: ConnectError;
       if (error instanceof ConnectError) status = error;
@@ -50,14 +65,14 @@ export function callInterceptor(options: CallInterceptorOptions): Interceptor {
         else {
           const requestId = record?.requestId;
           logger.error({ err: error, service: req.service.typeName, method: req.method.name, requestId }, "unmapped error: answering INTERNAL");
-          status = new ConnectError(`internal error${requestId ? ` (request id ${requestId})` : ""}`, Code.Internal);
+          status = hostStatus(new ConnectError(`internal error${requestId ? ` (request id ${requestId})` : ""}`, Code.Internal), "unmapped");
         }
       }
       status = encodableStatus(status, logger, req.service.typeName, req.method.name);
       recordStatus(record, status);
       return status;
     };
-    if (draining() && !exempt.has(req.service.typeName)) throw fail(new ConnectError("server is shutting down", Code.Unavailable));
+    if (draining() && !exempt.has(req.service.typeName)) throw fail(hostStatus(new ConnectError("server is shutting down", Code.Unavailable), "draining"));
     const series = record?.series;
     // Messages received: the one of a unary or server-streaming call now;
     // a client stream's as the handler reads them.

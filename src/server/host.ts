@@ -26,7 +26,7 @@ import { jsonOptions } from "./json-options.js";
 import { callInterceptor } from "./call-interceptor.js";
 import { Health, HealthRegistry, Readiness, ServingStatus, healthService } from "./health.js";
 import { RpcMetrics } from "./metrics.js";
-import type { ErrorMapper, LocalRoutes, ModuleHealth, ModuleInstance, ServiceBinding, ServiceModule } from "./module.js";
+import type { ErrorMapper, HostStatusDecorator, LocalRoutes, ModuleHealth, ModuleInstance, ServiceBinding, ServiceModule } from "./module.js";
 import { planModules } from "./module-plan.js";
 import { Supervisor } from "./supervisor.js";
 import { addReflection, reflectionServices } from "./reflection.js";
@@ -429,9 +429,12 @@ export async function startHost(options: HostOptions): Promise<Host> {
   for (const b of built) if (b.served) b.health.follow(b.instance.services.map((s) => s.service.typeName));
 
   const mappers = new Map<string, ErrorMapper>();
+  const decorators = new Map<string, HostStatusDecorator>();
   for (const b of built) {
     const mapError = b.module.mapError;
     if (mapError) for (const s of b.instance.services) mappers.set(s.service.typeName, mapError);
+    const decorate = b.module.decorateHostStatus;
+    if (decorate) for (const s of b.instance.services) decorators.set(s.service.typeName, decorate);
   }
 
   const interceptors: Interceptor[] = [
@@ -440,6 +443,7 @@ export async function startHost(options: HostOptions): Promise<Host> {
       draining: () => drainController.signal.aborted,
       exempt: new Set([Health.typeName]),
       mapperFor: (typeName) => mappers.get(typeName),
+      decoratorFor: (typeName) => decorators.get(typeName),
       logger,
     }),
   ];

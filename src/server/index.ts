@@ -5,6 +5,8 @@ export { ConfigError, loadConfig, parseScalar, resolveConfig, redactedConfig, ho
 export type {
   DepsOf,
   ErrorMapper,
+  HostStatusDecorator,
+  HostStatusOrigin,
   HttpRoute,
   HttpRouteContext,
   HttpRouteRequest,

@@ -166,6 +166,20 @@ export interface ModuleInstance<E = unknown> {
  */
 export type ErrorMapper = (error: unknown) => ConnectError | undefined;
 
+/**
+ * Why the host built a status itself for a call to one of a module's
+ * services: "unmapped", an error no mapper claimed (INTERNAL); "draining",
+ * a call refused because the server drains (UNAVAILABLE).
+ */
+export type HostStatusOrigin = "unmapped" | "draining";
+
+/**
+ * Adds what a module's contract wants on a status the host builds itself for
+ * one of its services (a reason trailer, say). It keeps the status's code;
+ * the host still logs an unmapped error as it does for every module.
+ */
+export type HostStatusDecorator = (status: ConnectError, origin: HostStatusOrigin) => ConnectError;
+
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
 type AnyModule = ServiceModule<any, any, any>;
 /** The modules a module needs, by the key it reads them under. */
@@ -192,6 +206,8 @@ export interface ServiceModule<C = unknown, E = unknown, R extends ModuleRequire
    */
   readonly env?: Readonly<Record<string, string>>;
   readonly mapError?: ErrorMapper;
+  /** Decorates the statuses the host builds itself for this module's services (unmapped errors, drain refusals). */
+  readonly decorateHostStatus?: HostStatusDecorator;
   create(ctx: ModuleContext<C, DepsOf<R>>): Promise<ModuleInstance<E>> | ModuleInstance<E>;
 }
 
@@ -203,6 +219,7 @@ export function defineModule<S extends z.ZodType, E = undefined, R extends Modul
   readonly requires?: R;
   readonly env?: Readonly<Record<string, string>>;
   readonly mapError?: ErrorMapper;
+  readonly decorateHostStatus?: HostStatusDecorator;
   create(ctx: ModuleContext<z.output<S>, DepsOf<R>>): Promise<ModuleInstance<E>> | ModuleInstance<E>;
 }): ServiceModule<z.output<S>, E, R> {
   return module as ServiceModule<z.output<S>, E, R>;

@@ -123,15 +123,33 @@ describe("DcCkfState", () => {
     for (const [what, extra] of [
       ["the host-pinned tier", { storageTier: "host_pinned" as const }],
       ["the disk tier", { storageTier: "disk" as const }],
-      ["the cache-owner domain", { residencyDomain: "cache_owner" }],
+      ["the cache-owner domain off the device tier", { residencyDomain: "cache_owner", storageTier: "host_pinned" as const }],
     ] as const) {
-      it(`ignores events for ${what} completely: no mutation, no pending count`, () => {
+      it(`ignores Stored events for ${what} completely: no mutation, no pending count`, () => {
         const state = new DcCkfState({ expectedBlocksPerDc: 64, publishEveryNEvents: 1 });
         const outcome = state.applyEvent(storedEvent(W1, 0, [{ blockHash: 1n, tokensHash: 1n }], extra));
         expect(outcome).to.deep.equal({ firstError: undefined, publication: undefined });
         expect(state.stats()).to.include({ pendingEvents: 0, members: 0, occupiedSlots: 0 });
       });
     }
+
+    it("rejects Stored/Removed for the cache-owner domain on the device tier (explicit or by default) with UnsupportedResidencyDomain", () => {
+      const state = new DcCkfState({ expectedBlocksPerDc: 64, publishEveryNEvents: 1 });
+      expectError(state.applyEvent(storedEvent(W1, 0, [{ blockHash: 1n, tokensHash: 1n }], { residencyDomain: "cache_owner" })), "UnsupportedResidencyDomain");
+      expectError(state.applyEvent({ ...removedEvent(W1, 0, [1n]), storageTier: "device", residencyDomain: "cache_owner" }), "UnsupportedResidencyDomain");
+      expect(state.stats()).to.include({ pendingEvents: 0, members: 0, occupiedSlots: 0 });
+    });
+
+    it("applies a Cleared whatever its tier, and ignores it only when scoped to the cache-owner domain", () => {
+      const state = new DcCkfState({ expectedBlocksPerDc: 64, publishEveryNEvents: 1000 });
+      const a = storedChain(W1, 0, [1n, 2n]);
+      state.applyEvent(a.event);
+      expect(state.applyEvent({ ...clearedEvent(W1, 0), residencyDomain: "cache_owner", storageTier: "host_pinned" })).to.deep.equal({ firstError: undefined, publication: undefined });
+      expect(state.contains(a.canonicals[1]!)).to.equal(true);
+      expect(state.applyEvent({ ...clearedEvent(W1, 0), storageTier: "host_pinned" }).firstError).to.equal(undefined);
+      expect(state.contains(a.canonicals[0]!)).to.equal(false);
+      expect(state.stats()).to.include({ members: 0, occupiedSlots: 0, pendingEvents: 2 });
+    });
 
     it("applies device-tier events in the primary domain (explicit or by default)", () => {
       const state = new DcCkfState({ expectedBlocksPerDc: 64 });
@@ -323,13 +341,20 @@ describe("DcCkfState", () => {
     it("the residency gate comes first (B.4 step 1): a malformed event for another tier or domain is ignored, not refused", () => {
       const state = new DcCkfState({ expectedBlocksPerDc: 64, publishEveryNEvents: 1 });
       const malformed = { workerId: -1n, dpRank: 0.5, eventId: 1n, data: { kind: "stored", blocks: [null] } };
-      for (const residency of [{ storageTier: "host_pinned" }, { storageTier: "disk" }, { residencyDomain: "cache_owner" }, { residencyDomain: "cache_owner", storageTier: "device" }]) {
+      for (const residency of [{ storageTier: "host_pinned" }, { storageTier: "disk" }, { residencyDomain: "cache_owner", storageTier: "disk" }]) {
         expect(state.applyEvent({ ...malformed, ...residency } as never), JSON.stringify(residency)).to.deep.equal({ firstError: undefined, publication: undefined });
         expect(state.applyEvent({ ...residency, workerId: W1, dpRank: 0, eventId: 1n } as never)).to.deep.equal({ firstError: undefined, publication: undefined });
       }
-      // An unknown domain or tier is still refused as such, whatever the body.
+      // A malformed Cleared scoped to the cache-owner domain is ignored whatever its tier.
+      expect(state.applyEvent({ ...malformed, data: { kind: "cleared", extra: null }, workerId: null, residencyDomain: "cache_owner", storageTier: "device" } as never)).to.deep.equal({ firstError: undefined, publication: undefined });
+      // An unknown domain or tier is still refused as such, whatever the body;
+      // so is a cache-owner Stored on the device tier (explicit or by default).
       expectError(state.applyEvent({ ...malformed, residencyDomain: "mystery" } as never), "UnsupportedResidencyDomain");
       expectError(state.applyEvent({ ...malformed, storageTier: "tape" } as never), "UnsupportedResidencyDomain");
+      expectError(state.applyEvent({ ...malformed, residencyDomain: "cache_owner" } as never), "UnsupportedResidencyDomain");
+      expectError(state.applyEvent({ ...malformed, residencyDomain: "cache_owner", storageTier: "device" } as never), "UnsupportedResidencyDomain");
+      // A Cleared off the device tier is not ignored: it reaches the shape check.
+      expectError(state.applyEvent({ ...malformed, data: { kind: "cleared" }, storageTier: "host_pinned" } as never), "InvalidEvent");
       // A primary-tier malformed event reaches the shape check.
       expectError(state.applyEvent({ ...malformed, storageTier: "device" } as never), "InvalidEvent");
       expect(state.stats()).to.include({ pendingEvents: 0, members: 0, occupiedSlots: 0 });

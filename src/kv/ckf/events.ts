@@ -50,13 +50,23 @@ export interface RouterEvent {
 }
 
 /**
- * B.4 step 1, the residency gate, without throwing: true to apply the event,
- * false to ignore it completely, or the error that rejects it. It reads only
- * the event's two residency fields, so it can run before the rest of the
- * event is checked. A domain or tier that is a string this build does not know
- * is UnsupportedResidencyDomain (guessing either way could publish a wrong
- * filter); a non-object event, or a residency field that is present but not a
- * string, cannot be read at all and is InvalidEvent.
+ * B.4 step 1, the residency gate (the reference's `RouterEvent::targets_primary`),
+ * without throwing: true to apply the event, false to ignore it completely, or
+ * the error that rejects it. It reads only the event's two residency fields
+ * and its data kind, so it can run before the rest of the event is checked.
+ *
+ * - A domain or tier that is a string this build does not know is
+ *   UnsupportedResidencyDomain, whatever the kind (guessing either way could
+ *   publish a wrong filter); a non-object event, or a residency field that is
+ *   present but not a string, cannot be read at all and is InvalidEvent.
+ * - Cleared has no physical tier (the reference resolves it to a reset scope):
+ *   it applies whatever its storage tier, unless it is scoped to the
+ *   cache-owner domain, which it leaves alone (ignored).
+ * - Stored / Removed (and an event whose kind cannot be read, which the shape
+ *   check refuses later if the gate lets it through): the cache-owner domain on
+ *   the device tier is UnsupportedResidencyDomain (a cache owner publishes no
+ *   device residency); otherwise the event applies only on the device tier, in
+ *   the primary domain, and is ignored on any other tier, in either domain.
  */
 export function residencyGate(event: RouterEvent): boolean | CkfError {
   if (typeof event !== "object" || event === null) {
@@ -70,28 +80,44 @@ export function residencyGate(event: RouterEvent): boolean | CkfError {
   if (tier !== undefined && typeof tier !== "string") {
     return new CkfError("InvalidEvent", `storage tier ${describeValue(tier)} is not a string`);
   }
-  if (domain !== undefined && domain !== "primary") {
-    if (domain === "cache_owner") return false;
+  if (domain !== undefined && domain !== "primary" && domain !== "cache_owner") {
     return new CkfError("UnsupportedResidencyDomain", `residency domain ${describeValue(domain)} is not supported`);
   }
+  let onDevice: boolean;
   switch (tier) {
     case undefined:
     case "device":
-      return true;
+      onDevice = true;
+      break;
     case "host_pinned":
     case "disk":
     case "external":
-      return false;
+      onDevice = false;
+      break;
     default:
       return new CkfError("UnsupportedResidencyDomain", `storage tier ${describeValue(tier)} is not supported`);
   }
+  const cacheOwner = domain === "cache_owner";
+  if (isCleared(event)) return !cacheOwner;
+  if (cacheOwner) {
+    if (onDevice) return new CkfError("UnsupportedResidencyDomain", `residency domain "cache_owner" has no device-tier residency`);
+    return false;
+  }
+  return onDevice;
+}
+
+/** Whether the event's data is readably a Cleared (the gate reads nothing else of the body). */
+function isCleared(event: RouterEvent): boolean {
+  const data: unknown = event.data;
+  return typeof data === "object" && data !== null && (data as { kind?: unknown }).kind === "cleared";
 }
 
 /**
  * Whether the event changes the primary (device-tier, serving) cache: true
  * to apply it, false to ignore it completely. Throws what `residencyGate`
  * returns: CkfError UnsupportedResidencyDomain for a domain or tier this build
- * does not know, InvalidEvent for one that is not a string.
+ * does not know or a cache-owner Stored/Removed on the device tier,
+ * InvalidEvent for a residency field that is not a string.
  */
 export function targetsPrimary(event: RouterEvent): boolean {
   const verdict = residencyGate(event);

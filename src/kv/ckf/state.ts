@@ -215,8 +215,10 @@ export class DcCkfState {
   private *eventSteps(event: RouterEvent, pause: PauseCheck): ApplySteps {
     this.assertNotStepping();
     // B.4 step 1 comes first: an event for another tier or domain is ignored
-    // completely, whatever its body holds. The gate reads only the residency
-    // fields and refuses (InvalidEvent) an event whose fields it cannot read.
+    // completely, whatever the rest of its body holds (a Cleared is ignored
+    // only when scoped to the cache-owner domain, whatever its tier). The gate
+    // reads only the residency fields and the data kind, and refuses
+    // (InvalidEvent) an event whose residency fields it cannot read.
     const gate = residencyGate(event);
     if (gate === false) return NOTHING;
     if (gate !== true) return { firstError: gate, publication: undefined };

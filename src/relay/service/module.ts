@@ -4,34 +4,54 @@
  * events, over the pools its config declares (one named "default" on the
  * embedded defaults).
  */
-import { Code, ConnectError } from "@connectrpc/connect";
+import { ConnectError } from "@connectrpc/connect";
 import { KvEventRelay } from "../../../gen/dynamo/kvrelay/v1/relay_pb.js";
 import { KvEventService } from "../../../gen/mmgate/kvevents/v1/kvevents_pb.js";
 import { Cbi1Service, DecodedRelayService } from "../../../gen/mmgate/kvrelay/v1/cbi1_pb.js";
 import { Cbi1Error } from "../cbi1/index.js";
 import { cbi1ErrorToConnect, cbi1Service, decodedRelayService } from "../decoded/index.js";
-import { bindService, defineModule } from "../../server/index.js";
+import { bindService, defineModule, type HostStatusOrigin } from "../../server/index.js";
 import { NatsEventSource } from "../nats/index.js";
-import { RelayError } from "../wire/index.js";
+import { RelayError, relayErrorCode, withRelayReason, type RelayErrorReasonName } from "../wire/index.js";
 import { RELAY_ENV, relayConfigSchema } from "./config.js";
 import { IngestError, ingestService, type IngestErrorCode } from "./ingest.js";
 import { RelayMetrics } from "./metrics.js";
 import { Relay } from "./relay.js";
 import { relayService } from "./service.js";
 
-const INGEST_CODES: Record<IngestErrorCode, Code> = {
-  MissingPool: Code.InvalidArgument,
-  PoolMismatch: Code.InvalidArgument,
-  TooManyEvents: Code.InvalidArgument,
-  PoolNotFound: Code.NotFound,
-  StreamLimit: Code.ResourceExhausted,
+/** The C.3 reason of each ingest refusal; its gRPC code is the reason's. */
+const INGEST_REASONS: Record<IngestErrorCode, RelayErrorReasonName> = {
+  MissingPool: "INVALID_REQUEST",
+  PoolMismatch: "INVALID_REQUEST",
+  TooManyEvents: "INVALID_REQUEST",
+  PoolNotFound: "POOL_NOT_FOUND",
+  StreamLimit: "RESOURCE_LIMIT",
 };
 
+/**
+ * Every error of the relay's services carries the `kv-relay-error-reason`
+ * trailer (C.3): relay errors name their own reason, ingest refusals and
+ * CBI1 codec errors theirs. What this does not claim the host logs and
+ * answers INTERNAL, and `relayHostStatus` adds the INTERNAL reason to that.
+ */
 function relayErrorToConnect(error: unknown): ConnectError | undefined {
   if (error instanceof RelayError) return error.toConnectError();
-  if (error instanceof IngestError) return new ConnectError(error.message, INGEST_CODES[error.code], undefined, undefined, error);
-  if (error instanceof Cbi1Error) return cbi1ErrorToConnect(error);
+  if (error instanceof IngestError) {
+    const reason = INGEST_REASONS[error.code];
+    return withRelayReason(new ConnectError(error.message, relayErrorCode(reason), undefined, undefined, error), reason);
+  }
+  if (error instanceof Cbi1Error) return withRelayReason(cbi1ErrorToConnect(error), "INVALID_REQUEST");
   return undefined;
+}
+
+/**
+ * The reason trailer on the statuses the host builds for the relay's
+ * services: INTERNAL for an unexpected error, PUBLICATION_UNAVAILABLE
+ * (UNAVAILABLE: reconnect, to another relay) for a call refused while the
+ * server drains.
+ */
+function relayHostStatus(status: ConnectError, origin: HostStatusOrigin): ConnectError {
+  return withRelayReason(status, origin === "draining" ? "PUBLICATION_UNAVAILABLE" : "INTERNAL");
 }
 
 /** What the relay module gives other modules and tests. */
@@ -46,6 +66,7 @@ export const relayModule = defineModule({
   configSchema: relayConfigSchema.prefault({}),
   env: RELAY_ENV,
   mapError: relayErrorToConnect,
+  decorateHostStatus: relayHostStatus,
   create(ctx) {
     // Read at scrape time and on events only, once `relay` exists.
     const metrics: RelayMetrics = new RelayMetrics(ctx.metrics, {

@@ -75,6 +75,21 @@ export class RelayError extends Error {
   }
 }
 
+/**
+ * `status` with the `kv-relay-error-reason` trailer naming `reason`, for a
+ * status built outside the relay (the host's INTERNAL for an unexpected
+ * error, its UNAVAILABLE while draining): code, message, details and other
+ * metadata kept. A status that already names a reason is returned as is.
+ */
+export function withRelayReason(status: ConnectError, reason: RelayErrorReasonName): ConnectError {
+  if (status.metadata.has(RELAY_ERROR_REASON_TRAILER)) return status;
+  const metadata = new Headers(status.metadata);
+  metadata.set(RELAY_ERROR_REASON_TRAILER, relayReasonValueName(reason));
+  const withReason = new ConnectError(status.rawMessage, status.code, metadata, undefined, status.cause);
+  withReason.details = status.details;
+  return withReason;
+}
+
 export function isRelayError(error: unknown, reason?: RelayErrorReasonName): error is RelayError {
   return error instanceof RelayError && (reason === undefined || error.reason === reason);
 }

@@ -1,7 +1,7 @@
 // The relay contract's envelope, errors and identity messages (kv-relay-contract
 // C.1-C.3): shared by the relay service and its consumer.
 export { DIGEST_BYTES, MAX_SUBSCRIBER_ID_BYTES, POOL_IDENTITY_VERSION, RELAY_CONTRACT_MARKER, RELAY_ERROR_REASON_TRAILER, RELAY_PROTOCOL_VERSION } from "./constants.js";
-export { isRelayError, RELAY_ERROR_REASONS, RelayError, relayErrorCode, relayReasonEnum, relayReasonOf, relayReasonValueName, type RelayErrorReasonName } from "./errors.js";
+export { isRelayError, RELAY_ERROR_REASONS, RelayError, relayErrorCode, relayReasonEnum, relayReasonOf, relayReasonValueName, withRelayReason, type RelayErrorReasonName } from "./errors.js";
 export {
   checkContractMarker,
   checkSubscriberId,

@@ -149,6 +149,8 @@ describe("relay service (KvEventRelay over the network)", function () {
       const mirror = new TestMirror(pool.producer.format.seed, pool.producer.format.bucketCount);
       const updates: GrpcUpdate[] = [];
       let published = false;
+      // Applied, not only sent: ingest applies in later turns, and the pool's sequence moves only then.
+      let applied = false;
       const done = grpcServerStream<GrpcUpdate>(
         client,
         "SubscribeKvPool",
@@ -159,9 +161,9 @@ describe("relay service (KvEventRelay over the network)", function () {
             mirror.apply(grpcView(update));
             if (mirror.words !== undefined && !published) {
               published = true;
-              void publish(server, "default", [chain(3n, 9000n, 30), removed(1n, [1030n, 1031n, 1032n]), chain(1n, 20000n, 3)]);
+              void publish(server, "default", [chain(3n, 9000n, 30), removed(1n, [1030n, 1031n, 1032n]), chain(1n, 20000n, 3)]).then(() => (applied = true));
             }
-            if (mirror.heartbeats >= 2 && mirror.sequence === pool.sequence && published) call.cancel();
+            if (mirror.heartbeats >= 2 && mirror.sequence === pool.sequence && applied) call.cancel();
           },
         },
       ).catch((e: grpc.ServiceError) => {
