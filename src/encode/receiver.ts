@@ -1,4 +1,3 @@
-import { readFileSync } from "node:fs";
 import type { JsonObject, JsonValue } from "@bufbuild/protobuf";
 import { Code, ConnectError, createClient, type HandlerContext, type Transport } from "@connectrpc/connect";
 import type { Logger } from "pino";
@@ -13,7 +12,7 @@ import {
   parseDescriptorJson,
   type MediaDataDescriptor,
 } from "../media/index.js";
-import { channelConfigSchema, ChannelPool, inProcessTransport, outboundContextValues, withCallContext } from "../rpc/index.js";
+import { channelConfigSchema, ChannelPool, inProcessTransport, outboundContextValues, readTokenFile, withCallContext } from "../rpc/index.js";
 import { codeName, ConfigError, hostPort, requestIdOf, type LocalRoutes } from "../server/index.js";
 import { AcquireError, MAX_TIMER_MS, registeredMetric, Semaphore } from "../util/index.js";
 
@@ -229,17 +228,11 @@ function describeCallError(err: unknown, endpoint: string, what: string, timeout
 /** A credential from `token` or `tokenFile`; "" when neither is set. */
 function serviceToken(config: ReceiverConfig): string {
   if (config.tokenFile === "") return config.token;
-  let text: string;
   try {
-    text = readFileSync(config.tokenFile, "utf8");
+    return readTokenFile(config.tokenFile);
   } catch (err) {
-    throw new ConfigError(`tokenWorker.receiver.tokenFile: cannot read ${config.tokenFile}: ${(err as Error).message}`);
+    throw new ConfigError(`tokenWorker.receiver.tokenFile: ${(err as Error).message}`);
   }
-  const token = text.trim();
-  if (token === "" || /\s/.test(token)) {
-    throw new ConfigError(`tokenWorker.receiver.tokenFile: ${config.tokenFile} must hold one token (non-empty, no white space inside)`);
-  }
-  return token;
 }
 
 /** What one receive needs from the inbound call. */

@@ -50,18 +50,31 @@ function readCa(file: string): Buffer {
   }
 }
 
+/**
+ * The one token a file holds (a mounted Secret), surrounding white space
+ * dropped. Throws an Error saying what is wrong (unreadable, empty, more
+ * than one word), for the caller to name its setting.
+ */
+export function readTokenFile(path: string): string {
+  let text: string;
+  try {
+    text = readFileSync(path, "utf8").trim();
+  } catch (err) {
+    throw new Error(`cannot read ${path}: ${(err as Error).message}`, { cause: err });
+  }
+  if (text === "" || /\s/.test(text)) throw new Error(`${path} must hold one token (non-empty, no white space inside)`);
+  return text;
+}
+
 /** The channel's own credential (token or tokenFile), or undefined; an unreadable or empty file is a ChannelConfigError. */
 function channelToken(options: ChannelOptions): string | undefined {
   if (options.token !== "") return options.token;
   if (options.tokenFile === "") return undefined;
-  let text: string;
   try {
-    text = readFileSync(options.tokenFile, "utf8").trim();
+    return readTokenFile(options.tokenFile);
   } catch (err) {
-    throw new ChannelConfigError("tokenFile", `cannot read ${options.tokenFile}: ${(err as Error).message}`);
+    throw new ChannelConfigError("tokenFile", (err as Error).message);
   }
-  if (text === "" || /\s/.test(text)) throw new ChannelConfigError("tokenFile", `${options.tokenFile} must hold one token (non-empty, no white space inside)`);
-  return text;
 }
 
 /** Sends the channel's credential on every call, replacing one the caller passed on. */

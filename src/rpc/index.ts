@@ -6,7 +6,7 @@
  */
 export { channelConfigSchema, channelDefaults, ChannelConfigError } from "./config.js";
 export type { ChannelConfigInput, ChannelOptions } from "./config.js";
-export { createChannel } from "./channel.js";
+export { createChannel, readTokenFile } from "./channel.js";
 export type { Channel, ChannelDeps } from "./channel.js";
 export { ChannelPool } from "./pool.js";
 export type { ChannelFactory } from "./pool.js";
