@@ -20,7 +20,7 @@
 import type { Logger } from "pino";
 import type { Member, Membership, Resolver } from "../discovery/index.js";
 import { RoundRobinPicker } from "../rpc/index.js";
-import { delay } from "../util/index.js";
+import { delay, linkSignals } from "../util/index.js";
 
 export interface OutlierOptions {
   /** Transport failures or timeouts in a row that eject a member. */
@@ -126,8 +126,12 @@ export class EncodeMembers {
    * and runs the health checks, until `signal` fires or `close`.
    */
   async run(signal: AbortSignal): Promise<void> {
-    const stop = AbortSignal.any([signal, this.stopped.signal]);
-    await Promise.all([this.watch(stop), this.checkLoop(stop)]);
+    const stop = linkSignals([signal, this.stopped.signal]);
+    try {
+      await Promise.all([this.watch(stop.signal), this.checkLoop(stop.signal)]);
+    } finally {
+      stop.dispose();
+    }
   }
 
   close(): void {
