@@ -45,7 +45,8 @@
  * BENCH_WARMUP_MS before each (500), BENCH_TOKEN_INTERVAL_MS (the paced
  * run's pause before each token, 5), BENCH_CALLS (calls per in-process
  * passthrough sample, 400), BENCH_IN_FLIGHT (16). MMGATE_* variables reach
- * both server processes (e.g. MMGATE_RPC__FAST_PATH=false). Exits 1 when a
+ * both server processes (e.g. MMGATE_RPC__FAST_PATH=false); BENCH_CPU_PROF=DIR
+ * writes each server process's V8 CPU profile there. Exits 1 when a
  * checked call fails. Run: node --import tsx bench/encode-hop.ts
  */
 import { spawn, type ChildProcess } from "node:child_process";
@@ -126,7 +127,8 @@ interface Server {
 async function startMmgate(name: string, args: string[]): Promise<Server> {
   const log = join(logDir, `${name}.log`);
   const fd = openSync(log, "w");
-  const proc = spawn(process.execPath, ["bin/mmgate.js", ...args, "--listen", "127.0.0.1:0", "--admin-listen", "", "--log-level", "info"], {
+  const profile = process.env.BENCH_CPU_PROF ? ["--cpu-prof", `--cpu-prof-dir=${process.env.BENCH_CPU_PROF}`, `--cpu-prof-name=${name}-${Date.now()}.cpuprofile`] : [];
+  const proc = spawn(process.execPath, [...profile, "bin/mmgate.js", ...args, "--listen", "127.0.0.1:0", "--admin-listen", "", "--log-level", "info"], {
     cwd: root,
     stdio: ["ignore", fd, "inherit"],
   });

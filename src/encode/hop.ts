@@ -1,5 +1,6 @@
 import { create } from "@bufbuild/protobuf";
-import { Code, ConnectError, createClient, type Transport } from "@connectrpc/connect";
+import { Code, ConnectError, createClient, type ContextValues, type Transport } from "@connectrpc/connect";
+import { createAsyncIterable } from "@connectrpc/connect/protocol";
 import { Counter, Gauge, Histogram } from "prom-client";
 import type { Registry } from "prom-client";
 import type { Logger } from "pino";
@@ -7,19 +8,26 @@ import { z } from "zod";
 import {
   EncodeHopService,
   EncodeWorkerService,
+  GenerateResponseSchema,
   GetStatusResponseSchema,
+  type GenerateResponse,
   Lifecycle,
   MemberSchema,
   MemberState,
 } from "../../gen/mmgate/encode/v1/encode_pb.js";
 import { Health, HealthCheckResponse_ServingStatus as ServingStatus } from "../../gen/grpc/health/v1/health_pb.js";
-import { PreprocessedRequestSchema } from "../../gen/mmgate/llm/v1/request_pb.js";
-import { TokenWorkerService } from "../../gen/mmgate/llm/v1/token_worker_pb.js";
+import { PreprocessedRequestSchema, type PreprocessedRequest } from "../../gen/mmgate/llm/v1/request_pb.js";
+import {
+  GenerateRequestSchema as TokenGenerateRequestSchema,
+  TokenWorkerService,
+  type GenerateResponse as TokenGenerateResponse,
+} from "../../gen/mmgate/llm/v1/token_worker_pb.js";
 import { EtcdResolver, etcdDiscoverySchema, etcdPoolPrefix, StaticResolver, staticDiscoverySchema, type Member, type Resolver } from "../discovery/index.js";
 import { shouldEncode } from "../llm/index.js";
 import { callContextOf, ChannelPool, channelConfigSchema, CONTEXT_HEADERS, inProcessTransport, isPassOnHeaderName, passedOnHeaders, withCallContext } from "../rpc/index.js";
 import { bindService, ConfigError, defineModule, hostPort, requestIdOf, type ModuleContext } from "../server/index.js";
 import { delay, MAX_TIMER_MS, registeredMetric } from "../util/index.js";
+import { acceptsEncoded, EncodedMessage, encodedResponsesKey } from "../wire/index.js";
 import { EncoderRouter, type EncodeBinding, type EncodeTarget, type EncoderLifecycle, type FallbackCause } from "./router.js";
 import { notAnEncodeCard } from "./card.js";
 import { EncodeMembers, type HealthProbe, type MemberStateName, type MemberView, type OutlierOptions } from "./members.js";
@@ -257,6 +265,12 @@ export interface HopSeams {
   readonly afterEncode?: (call: { readonly encoded: boolean; readonly signal: AbortSignal }) => Promise<void>;
 }
 
+/** A downstream message as the hop's own: its encoding unchanged (the same wire shape), or its output copied over. */
+function relayed(res: TokenGenerateResponse | EncodedMessage): GenerateResponse {
+  if (res instanceof EncodedMessage) return res as unknown as GenerateResponse;
+  return create(GenerateResponseSchema, res.output ? { output: res.output } : {});
+}
+
 function createHop(ctx: ModuleContext<EncodeHopConfig>, seams: HopSeams) {
   const config = ctx.config;
   // The lifecycle gauge reads the router at scrape time; it exists by then.
@@ -391,7 +405,26 @@ function createHop(ctx: ModuleContext<EncodeHopConfig>, seams: HopSeams) {
       await delay(config.downstreamCheckIntervalMs, signal).catch(() => undefined);
     }
   };
-  const downstream = createClient(TokenWorkerService, downstreamTransport);
+  /**
+   * The downstream's output for `request`. When the hop's own call writes
+   * encoded messages as they are (the lean gRPC path) and the downstream
+   * transport reads them so (the lean client), each message is relayed as
+   * its bytes, neither parsed nor serialized again: the two GenerateResponse
+   * messages have the same wire shape. Otherwise they come parsed, and are
+   * copied into the hop's message type. The transport is called directly,
+   * without a promise client's per-message generator.
+   */
+  const downstreamOutput = async (
+    request: PreprocessedRequest,
+    contextValues: ContextValues,
+    signal: AbortSignal,
+    relayEncoded: boolean,
+  ): Promise<AsyncIterable<TokenGenerateResponse | EncodedMessage>> => {
+    if (relayEncoded) contextValues.set(encodedResponsesKey, true);
+    const input = createAsyncIterable([create(TokenGenerateRequestSchema, { request })]);
+    const res = await downstreamTransport.stream(TokenWorkerService.method.generate, signal, undefined, undefined, input, contextValues);
+    return res.message as AsyncIterable<TokenGenerateResponse | EncodedMessage>;
+  };
   /** The members of the pool the hop routes over now, with their counts, for GetStatus and the gauge. */
   const memberViews = (): MemberView[] => poolView?.members()?.views() ?? [];
   holder.views = memberViews;
@@ -422,9 +455,10 @@ function createHop(ctx: ModuleContext<EncodeHopConfig>, seams: HopSeams) {
       if (attempted) metrics.duration.observe({ outcome: prepared === request ? "fallback" : "encoded" }, (performance.now() - started) / 1000);
       await seams.afterEncode?.({ encoded: prepared !== request, signal: handler.signal });
       const downstreamHeaders = config.downstream === "local" ? localHeaders : headers;
+      const relayEncoded = acceptsEncoded(handler);
       if (prepared === request) {
-        const call = { contextValues: withCallContext({ ...callContextOf(handler), headers: downstreamHeaders }), signal: handler.signal };
-        for await (const res of downstream.generate({ request: prepared }, call)) yield { ...(res.output ? { output: res.output } : {}) };
+        const values = withCallContext({ ...callContextOf(handler), headers: downstreamHeaders });
+        for await (const res of await downstreamOutput(prepared, values, handler.signal, relayEncoded)) yield relayed(res);
         return;
       }
       // Encoded: the Encode worker handed out transfer handles that only the
@@ -443,9 +477,9 @@ function createHop(ctx: ModuleContext<EncodeHopConfig>, seams: HopSeams) {
         if (received) handoff.abort(handler.signal.reason);
       };
       handler.signal.addEventListener("abort", onCallerGone, { once: true });
-      const call = { contextValues: withCallContext({ requestId, headers: downstreamHeaders }), signal: handoff.signal };
+      const values = withCallContext({ requestId, headers: downstreamHeaders });
       try {
-        for await (const res of downstream.generate({ request: prepared }, call)) {
+        for await (const res of await downstreamOutput(prepared, values, handoff.signal, relayEncoded)) {
           if (!received) {
             received = true;
             clearTimeout(handoffTimer);
@@ -456,7 +490,7 @@ function createHop(ctx: ModuleContext<EncodeHopConfig>, seams: HopSeams) {
           }
           // Nobody to yield to: the receiver has what it needs, the rest of the output goes nowhere.
           if (handler.signal.aborted) return;
-          yield { ...(res.output ? { output: res.output } : {}) };
+          yield relayed(res);
         }
       } catch (err) {
         if (handler.signal.aborted) {

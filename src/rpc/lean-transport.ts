@@ -10,6 +10,7 @@ import type { Compression } from "@connectrpc/connect/protocol";
 import { runStreamingCall, runUnaryCall } from "@connectrpc/connect/protocol";
 import { requestHeader, validateResponse, validateTrailer } from "@connectrpc/connect/protocol-grpc";
 import { h2ResetError, serializeChunked, webHeadersOf } from "../server/index.js";
+import { EncodedMessage, encodedResponsesKey } from "../wire/index.js";
 
 /**
  * A gRPC client transport for unary and server-streaming calls that talks
@@ -106,7 +107,8 @@ export function createLeanGrpcTransport(options: LeanTransportOptions): Transpor
         next: async (req: StreamRequest) => {
           const only = await single(req.message);
           const exchange = await Exchange.open(options, method, req.header, req.signal, only);
-          return { ...req, header: exchange.header, trailer: exchange.trailer, message: exchange.messages() } as never;
+          const encoded = req.contextValues.get(encodedResponsesKey);
+          return { ...req, header: exchange.header, trailer: exchange.trailer, message: exchange.messages(encoded) } as never;
         },
       })) as StreamResponse<I, O>;
     },
@@ -418,13 +420,13 @@ class Exchange {
     return message;
   }
 
-  /** A server stream's messages, parsed as they are read. */
-  messages(): AsyncIterable<unknown> {
+  /** A server stream's messages, parsed as they are read, or (`encoded`) as their bytes. */
+  messages(encoded: boolean): AsyncIterable<unknown> {
     return {
       [Symbol.asyncIterator]: () => ({
         next: async (): Promise<IteratorResult<unknown>> => {
           const bytes = await this.next();
-          return bytes === undefined ? { done: true, value: undefined } : { done: false, value: this.parse(bytes) };
+          return bytes === undefined ? { done: true, value: undefined } : { done: false, value: encoded ? new EncodedMessage(bytes) : this.parse(bytes) };
         },
         return: async (): Promise<IteratorResult<unknown>> => {
           if (!this.stream.closed) this.stream.close(h2.NGHTTP2_CANCEL);

@@ -6,6 +6,7 @@ import type { ContextKey, ContextValues, HandlerContext, Interceptor, StreamRequ
 import { Code, ConnectError } from "@connectrpc/connect";
 import type { createMethodSerializationLookup } from "@connectrpc/connect/protocol";
 import { MAX_TIMER_MS } from "../util/index.js";
+import { EncodedMessage } from "../wire/index.js";
 import { serializeChunked } from "./message-chunks.js";
 import { isConnectionHeader, webHeadersOf } from "./h2-headers.js";
 import { h2ResetError } from "./h2-reset.js";
@@ -92,7 +93,8 @@ async function firstOf(iterable: AsyncIterable<unknown>): Promise<unknown> {
 }
 
 function normalize(desc: DescMessage, value: unknown): unknown {
-  return isMessage(value, desc) ? value : create(desc, value as never);
+  // A relayed encoding is written as it is (only calls that accept it get one: acceptsEncodedKey).
+  return isMessage(value, desc) || value instanceof EncodedMessage ? value : create(desc, value as never);
 }
 
 async function* normalizeAll(desc: DescMessage, source: AsyncIterable<unknown>): AsyncGenerator<unknown> {
@@ -278,6 +280,13 @@ export function stopReading(stream: ServerHttp2Stream): void {
   stream.off("data", onRequestData);
   stream.off("end", onRequestEnd);
 }
+/**
+ * The reason a call's signal carries once the call is over: what abort()
+ * without one would give (an AbortError), made once, since a DOMException
+ * per call (it captures a stack) is a measurable share of a small call.
+ */
+const CALL_ENDED = new DOMException("This operation was aborted", "AbortError");
+
 function abortAtDeadline(controller: AbortController): void {
   controller.abort(deadlineExceeded());
 }
@@ -435,13 +444,18 @@ export abstract class LeanCall implements HandlerContext {
     let bytes: Uint8Array | Uint8Array[];
     let length: number;
     try {
-      const chunks = serializeChunked(this.method.output, message as Record<string, unknown>, CHUNKED_MIN_BYTES);
-      if (chunks === undefined) {
-        bytes = toBinary(this.method.output, message as never);
+      if (message instanceof EncodedMessage) {
+        bytes = message.bytes;
         length = bytes.byteLength;
       } else {
-        bytes = chunks;
-        length = chunks.reduce((sum, c) => sum + c.byteLength, 0);
+        const chunks = serializeChunked(this.method.output, message as Record<string, unknown>, CHUNKED_MIN_BYTES);
+        if (chunks === undefined) {
+          bytes = toBinary(this.method.output, message as never);
+          length = bytes.byteLength;
+        } else {
+          bytes = chunks;
+          length = chunks.reduce((sum, c) => sum + c.byteLength, 0);
+        }
       }
     } catch (e) {
       throw new ConnectError(`serialize binary: ${e instanceof Error ? e.message : String(e)}`, Code.Internal);
@@ -470,8 +484,7 @@ export abstract class LeanCall implements HandlerContext {
       if (!this.controller.signal.aborted) {
         // As connect-node's request signal: a reset aborts with what its code means; a normal end without a reason.
         const reset = h2ResetError(this.stream.rstCode ?? 0);
-        if (reset !== undefined) this.controller.abort(reset);
-        else this.controller.abort();
+        this.controller.abort(reset ?? CALL_ENDED);
       }
     }
     // A response cut short (reset by the client, cut at the grace) gave the

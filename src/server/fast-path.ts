@@ -4,6 +4,7 @@ import { fromBinary } from "@bufbuild/protobuf";
 import type { StreamRequest, StreamResponse, UnaryRequest, UnaryResponse } from "@connectrpc/connect";
 import { Code, ConnectError } from "@connectrpc/connect";
 import { parseTimeout, setTrailerStatus } from "@connectrpc/connect/protocol-grpc";
+import { acceptsEncodedKey } from "../wire/index.js";
 import type { CallHost, FastPathOptions, Impl, Route } from "./fast-path-call.js";
 import {
   LeanCall,
@@ -129,6 +130,8 @@ class GrpcCall extends LeanCall {
   constructor(path: CallHost, route: Route, stream: ServerHttp2Stream, headers: IncomingHttpHeaders, observed: ObservedCall) {
     const timeout = headers["grpc-timeout"];
     super(path, route, stream, headers, observed, typeof timeout === "string" ? parseTimeout(timeout, path.options.maxTimeoutMs ?? Number.MAX_SAFE_INTEGER) : undefined);
+    // Its frames are binary and never compressed: a relayed encoding goes out as it is.
+    this.values.set(acceptsEncodedKey, true);
   }
 
   async run(): Promise<void> {
