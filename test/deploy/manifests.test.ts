@@ -84,9 +84,21 @@ function yamlFiles(dir: string): string[] {
   });
 }
 
-/** Every document of every Kubernetes manifest (deploy/kubernetes/), parsed, with the file it came from. */
+/** The .yaml / .yml files directly in a folder (not in its subfolders). */
+function topLevelYamlFiles(dir: string): string[] {
+  return readdirSync(dir)
+    .map((name) => join(dir, name))
+    .filter((path) => /\.ya?ml$/.test(path) && statSync(path).isFile());
+}
+
+/**
+ * Every document of the single server's Kubernetes manifests (the files
+ * directly in deploy/kubernetes/), parsed, with the file it came from. The
+ * whole stack's (deploy/kubernetes/stack/) is a kustomization of its own,
+ * checked by stack-deploy.test.ts.
+ */
 function manifests(): { file: string; doc: Obj }[] {
-  return yamlFiles(join(repoRoot, "deploy", "kubernetes")).flatMap((file) =>
+  return topLevelYamlFiles(join(repoRoot, "deploy", "kubernetes")).flatMap((file) =>
     parseAllDocuments(readFileSync(file, "utf8"))
       .filter((doc) => doc.contents !== null)
       .map((doc) => ({ file: relative(repoRoot, file), doc: doc.toJS() as Obj })),
@@ -177,7 +189,7 @@ describe("deploy: Kubernetes manifests", () => {
   it("a kustomization lists every manifest file beside it", () => {
     const dir = join(repoRoot, "deploy", "kubernetes");
     const kustomization = parseYaml(readFileSync(join(dir, "kustomization.yaml"), "utf8")) as { resources: string[] };
-    const others = yamlFiles(dir).map((f) => relative(dir, f)).filter((f) => f !== "kustomization.yaml");
+    const others = topLevelYamlFiles(dir).map((f) => relative(dir, f)).filter((f) => f !== "kustomization.yaml");
     expect([...kustomization.resources].sort()).to.deep.equal(others.sort());
   });
 
