@@ -2,7 +2,7 @@ import { expect } from "chai";
 import fc from "fast-check";
 import { DcCkfState, type ApplyOutcome, type DcCkfPublicationBatch, type StoredBlock } from "../../src/kv/ckf/index.js";
 import { computeNextSeqHash } from "../../src/kv/hash/index.js";
-import { applyImages, clearedEvent, external, removedEvent, sameWords, storedEvent } from "./ckf-helpers.test.js";
+import { applyImages, clearedEvent, external, removedEvent, sameWords, storedEvent } from "./ckf-helpers.js";
 
 /** Members are (worker, rank) pairs from a small set, so that they share blocks. */
 const WORKERS = [1n, 2n, 3n];

@@ -16,7 +16,7 @@ import {
   type FenceReason,
   type ProducerIdentity,
 } from "../../src/kv/ckf/index.js";
-import { applyImages, sameWords, storedChain, U64_MAX } from "./ckf-helpers.test.js";
+import { applyImages, sameWords, storedChain, U64_MAX } from "./ckf-helpers.js";
 
 function identity(seed = 1): ProducerIdentity {
   const state = new DcCkfState({ expectedBlocksPerDc: 64 });

@@ -14,7 +14,7 @@
  */
 import { expect } from "chai";
 import { CkfError, DcCkfState, residencyGate, type RouterEvent } from "../../src/kv/ckf/index.js";
-import { clearedEvent, external, removedEvent, sameWords, storedChain, storedEvent } from "./ckf-helpers.test.js";
+import { clearedEvent, external, removedEvent, sameWords, storedChain, storedEvent } from "./ckf-helpers.js";
 
 type Verdict = "applied" | "ignored" | "UnsupportedResidencyDomain";
 type Kind = "stored" | "removed" | "cleared";

@@ -15,7 +15,7 @@ import {
   type DcCkfDelta,
 } from "../../src/kv/ckf/index.js";
 import { computeBlockHashForSeq, computeSeqHashForBlock } from "../../src/kv/hash/index.js";
-import { applyImages, sameWords, SEED_EXTERNAL_MASK, seedStoredEvent } from "./ckf-helpers.test.js";
+import { applyImages, sameWords, SEED_EXTERNAL_MASK, seedStoredEvent } from "./ckf-helpers.js";
 
 describe("CKF producer scenario (seed): prompt, snapshot, continuation delta", () => {
   for (const isEagle of [false, true]) {

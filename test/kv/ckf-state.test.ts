@@ -10,7 +10,7 @@ import {
   storedChain,
   storedEvent,
   U64_MAX,
-} from "./ckf-helpers.test.js";
+} from "./ckf-helpers.js";
 
 const W1 = 1n;
 const W2 = 2n;

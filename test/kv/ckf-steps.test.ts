@@ -1,7 +1,7 @@
 import { createHash } from "node:crypto";
 import { expect } from "chai";
 import { CkfError, DcCkfState, type ApplyOutcome, type DcCkfStateOptions, type RouterEvent } from "../../src/kv/ckf/index.js";
-import { applyImages, sameWords, storedEvent } from "./ckf-helpers.test.js";
+import { applyImages, sameWords, storedEvent } from "./ckf-helpers.js";
 import { ckfWorkload } from "./ckf-workload.js";
 
 /** What an event did, comparable across runs: its first error's code and message, and whether it drained a batch. */

@@ -22,7 +22,7 @@ import {
   type Cbi1ErrorCode,
   type FormatErrorKind,
 } from "../../src/relay/cbi1/index.js";
-import { build, chunkBody, deltaBody, recipe, repatch, SEED, type Recipe } from "./cbi1-helpers.test.js";
+import { build, chunkBody, deltaBody, recipe, repatch, SEED, type Recipe } from "./cbi1-helpers.js";
 
 const SCALE = Math.max(0.01, Number(process.env.CBI1_FUZZ_SCALE ?? 1));
 const runs = (n: number) => Math.max(1, Math.round(n * SCALE));

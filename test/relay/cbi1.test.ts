@@ -21,7 +21,7 @@ import {
   type Cbi1SnapshotChunkFrame,
   type FormatErrorKind,
 } from "../../src/relay/cbi1/index.js";
-import { atOffset, build, chunkBody, deltaBody, peerChecksum, recipe, repatch, SEED, type Recipe } from "./cbi1-helpers.test.js";
+import { atOffset, build, chunkBody, deltaBody, peerChecksum, recipe, repatch, SEED, type Recipe } from "./cbi1-helpers.js";
 
 const FORMAT = new FilterFormat(SEED, 1024);
 const IMAGES = [

@@ -1,7 +1,7 @@
 import { expect } from "chai";
 import { cbi1Command } from "../../src/relay/index.js";
 import { runMmgate } from "../support/index.js";
-import { build, recipe } from "./cbi1-helpers.test.js";
+import { build, recipe } from "./cbi1-helpers.js";
 
 /**
  * Runs `mmgate cbi1 ARGS` in process, with `stdin` as its standard input; its

@@ -24,7 +24,7 @@ import {
   SNAPSHOT_CHUNK_BUCKETS,
 } from "../../src/relay/index.js";
 import { connectErrorOf, grpcServerStream, grpcUnary } from "../support/index.js";
-import { build, chunkBody, deltaBody, recipe, SEED } from "./cbi1-helpers.test.js";
+import { build, chunkBody, deltaBody, recipe, SEED } from "./cbi1-helpers.js";
 import { chain, grpcProducer, startRelay, TestMirror, type RelayServer } from "./service/support.js";
 
 const FORMAT = new FilterFormat(SEED, 1024);

@@ -28,7 +28,7 @@ import {
   type KvQueryHashFormat,
 } from "../../src/kv/index.js";
 import { decode, FilterFormat, SnapshotAssembly } from "../../src/relay/cbi1/index.js";
-import { seedStoredEvent } from "../kv/ckf-helpers.test.js";
+import { seedStoredEvent } from "../kv/ckf-helpers.js";
 import { encodeDeltaFrame, encodeSnapshot, MAX_DELTA_IMAGES, PublicationFrameError, PublicationHub, publishDelta, wireFormat } from "../../src/relay/index.js";
 
 function roundTrip(hashFormat: KvQueryHashFormat, viaLoraAlias: boolean): void {

@@ -1,7 +1,7 @@
 import { expect } from "chai";
 import { laneLease } from "../../src/kv/index.js";
 import { FRAME_ENVELOPE_HEADROOM_BYTES, HubError, HubMirror, publicationFrame, type HubErrorCode } from "../../src/relay/hub/index.js";
-import { BUCKETS, delta, ID, identity, LEASE, snapshot } from "./hub-helpers.test.js";
+import { BUCKETS, delta, ID, identity, LEASE, snapshot } from "./hub-helpers.js";
 
 function codeOf(f: () => unknown): HubErrorCode {
   try {

@@ -16,7 +16,7 @@ import {
   type PublicationFrame,
 } from "../../src/relay/index.js";
 import { FakeClock } from "../support/clock.js";
-import { BUCKETS, delta, frameOf, ID, identity, prng, snapshot } from "./hub-helpers.test.js";
+import { BUCKETS, delta, frameOf, ID, identity, prng, snapshot } from "./hub-helpers.js";
 
 /** Small limits, so that lag and recovery come after a handful of frames. */
 const LIMITS: Partial<HubLimits> = {

@@ -15,8 +15,8 @@ import {
 } from "../../../src/relay/index.js";
 import { descriptorToWire, isRelayError, producerFromWire, RELAY_CONTRACT_MARKER } from "../../../src/relay/wire/index.js";
 import { eventually } from "../../support/eventually.js";
-import { FakePool, FakeRelay, type SubscriptionFault } from "./fake-relay.test.js";
-import { deltaUpdate, descriptor, MODEL, prng, producer, randomImages, randomWord, sameBytes } from "./mirror-helpers.test.js";
+import { FakePool, FakeRelay, type SubscriptionFault } from "./fake-relay.js";
+import { deltaUpdate, descriptor, MODEL, prng, producer, randomImages, randomWord, sameBytes } from "./mirror-helpers.js";
 
 const random = prng(4242);
 

@@ -26,7 +26,7 @@ import {
   sameBytes,
   snapshotUpdates,
   update,
-} from "./mirror-helpers.test.js";
+} from "./mirror-helpers.js";
 
 const ID = producer();
 const BIG = producer({ bucketCount: 1 << 20 });

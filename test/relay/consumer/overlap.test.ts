@@ -14,7 +14,7 @@ import {
   type RouterEvent,
 } from "../../../src/kv/index.js";
 import { LaneMirror, LaneProbe, poolOverlap, PromptHashes } from "../../../src/relay/index.js";
-import { descriptor, MODEL, prng, producer, snapshotUpdates } from "./mirror-helpers.test.js";
+import { descriptor, MODEL, prng, producer, snapshotUpdates } from "./mirror-helpers.js";
 
 const BLOCK = 4;
 /** 42 tokens: 10 standard blocks (2 tokens left over), 10 Eagle windows. */

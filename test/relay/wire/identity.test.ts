@@ -6,7 +6,7 @@
 import { expect } from "chai";
 import { producerFromWire, producerToWire } from "../../../src/relay/wire/index.js";
 import { isRelayError } from "../../../src/relay/wire/index.js";
-import { producer } from "../consumer/mirror-helpers.test.js";
+import { producer } from "../consumer/mirror-helpers.js";
 
 describe("relay wire: producer identity validation", () => {
   it("accepts CKF seed 0 (upstream exempts the seed from 'no zero fields')", () => {
