@@ -1,6 +1,6 @@
 import type { Logger } from "pino";
 import { Counter, type Registry } from "prom-client";
-import { delay, registeredMetric, settleWithin } from "../util/index.js";
+import { backoffDelay, delay, registeredMetric, settleWithin } from "../util/index.js";
 
 /** Restart policy of one supervised task. */
 export interface TaskOptions {
@@ -18,13 +18,13 @@ export interface TaskOptions {
 const DEFAULT_TASK_OPTIONS: Required<TaskOptions> = { minBackoffMs: 100, maxBackoffMs: 30_000, resetAfterMs: 60_000 };
 
 /**
- * The wait before restart number `failures` (1-based): exponential from
- * `min`, capped at `max`, with "equal jitter" (half fixed, half random) so
- * that many processes restarting at once spread out but never retry at once.
+ * The wait before restart number `failures` (1-based): the project's one
+ * backoff (src/util's backoffDelay), from `minBackoffMs` up to
+ * `maxBackoffMs`, jittered so that many processes restarting at once spread
+ * out.
  */
 export function restartBackoffMs(failures: number, options: Required<TaskOptions>, random: () => number = Math.random): number {
-  const exp = Math.min(options.maxBackoffMs, options.minBackoffMs * 2 ** Math.min(30, Math.max(0, failures - 1)));
-  return Math.round(exp / 2 + random() * (exp / 2));
+  return backoffDelay(failures - 1, { minMs: options.minBackoffMs, maxMs: options.maxBackoffMs }, random);
 }
 
 function taskMetrics(registry: Registry): Counter<"module" | "task"> {

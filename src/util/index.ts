@@ -5,3 +5,4 @@ export { observeStream, type StreamObserver } from "./observe-stream.js";
 export { registeredMetric } from "./metrics.js";
 export { DEFAULT_SLICE_BUDGET, WorkSlicer, type SliceBudget, type SlicerStats } from "./slicer.js";
 export { boundedLines, LineTooLongError } from "./lines.js";
+export { backoffDelay, backoffOptions, DEFAULT_BACKOFF, interruptibleWait, type BackoffOptions, type Wait, type WaitEnd } from "./backoff.js";

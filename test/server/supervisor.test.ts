@@ -6,13 +6,13 @@ import { restartBackoffMs, Supervisor } from "../../src/server/supervisor.js";
 const policy = { minBackoffMs: 100, maxBackoffMs: 30_000, resetAfterMs: 60_000 };
 
 describe("supervisor", () => {
-  describe("restart backoff: exponential from the minimum, capped, with equal jitter", () => {
+  describe("restart backoff: exponential from the minimum, capped, jittered (the one backoff, src/util)", () => {
     const table: [failures: number, low: number, high: number][] = [
-      [1, 50, 100],
-      [2, 100, 200],
-      [3, 200, 400],
-      [9, 12_800, 25_600],
-      [10, 15_000, 30_000],
+      [1, 100, 200],
+      [2, 200, 400],
+      [3, 400, 800],
+      [8, 12_800, 25_600],
+      [9, 15_000, 30_000],
       [1000, 15_000, 30_000],
     ];
     for (const [failures, low, high] of table) {

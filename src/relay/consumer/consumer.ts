@@ -34,7 +34,7 @@ import { KvEventRelay, type FilterUpdate } from "../../../gen/dynamo/kvrelay/v1/
 import { sameProducerIdentity, type PoolId, type ProducerIdentity } from "../../kv/index.js";
 import { snapshotChunkCount } from "../cbi1/index.js";
 import { checkSubscriberId, endpointName, producerToWire, RELAY_CONTRACT_MARKER, relayReasonOf, type PoolDescriptor } from "../wire/index.js";
-import { backoffDelay, backoffOptions, interruptibleWait, type BackoffOptions, type Wait } from "./backoff.js";
+import { backoffDelay, backoffOptions, interruptibleWait, linkSignals, type BackoffOptions, type Wait } from "../../util/index.js";
 import { readCatalogUpdate, type CatalogPool, type CatalogRejection, type CatalogSnapshot } from "./catalog.js";
 import type { RelayIncarnation } from "./envelope.js";
 import { isConsumerError } from "./errors.js";
@@ -229,11 +229,13 @@ export class RelayConsumer {
     let failures = 0;
     const request = { subscriberId: this.subscriberId, contractMarker: RELAY_CONTRACT_MARKER };
     while (!signal.aborted) {
-      const attempt = linkedController(signal);
+      // The attempt's stream ends with the consumer, or once this attempt is over (`ended`).
+      const ended = new AbortController();
+      const attempt = linkSignals([signal, ended.signal]);
       let failure: ConsumerFailure;
       let streamRelay: RelayIncarnation | undefined;
       try {
-        for await (const update of this.client.watchKvPoolCatalog(request, { signal: attempt.controller.signal })) {
+        for await (const update of this.client.watchKvPoolCatalog(request, { signal: attempt.signal })) {
           if (signal.aborted) break;
           this.catalogConnected = true;
           const snapshot = readCatalogUpdate(update, streamRelay);
@@ -246,6 +248,7 @@ export class RelayConsumer {
         failure = this.classify(error);
       } finally {
         this.catalogConnected = false;
+        ended.abort();
         attempt.dispose();
       }
       if (signal.aborted) return;
@@ -355,16 +358,18 @@ export class RelayConsumer {
       replica.state = "subscribing";
       replica.retryAt = undefined;
       this.emit({ type: "subscribing", pool: replica.key, resubscribes: replica.resubscribes });
-      const attempt = linkedController(signal);
+      const ended = new AbortController();
+      const attempt = linkSignals([signal, ended.signal]);
       let failure: ConsumerFailure;
       try {
-        for await (const update of this.client.subscribeKvPool(request, { signal: attempt.controller.signal })) {
+        for await (const update of this.client.subscribeKvPool(request, { signal: attempt.signal })) {
           this.onUpdate(replica, mirror, update);
         }
         failure = this.failure("eof", "EOF", "the relay ended the pool stream");
       } catch (error) {
         failure = this.classify(error);
       } finally {
+        ended.abort();
         attempt.dispose();
       }
       if (signal.aborted) return;
@@ -478,19 +483,4 @@ export class RelayConsumer {
       }
     }
   }
-}
-
-/** A controller aborted with `parent` (or by hand); `dispose` aborts it and unhooks it from the parent. */
-function linkedController(parent: AbortSignal): { controller: AbortController; dispose(): void } {
-  const controller = new AbortController();
-  const onAbort = () => controller.abort();
-  if (parent.aborted) controller.abort();
-  else parent.addEventListener("abort", onAbort, { once: true });
-  return {
-    controller,
-    dispose() {
-      parent.removeEventListener("abort", onAbort);
-      controller.abort();
-    },
-  };
 }

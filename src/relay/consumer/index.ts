@@ -17,7 +17,7 @@ export {
   type PromptOptions,
 } from "./overlap.js";
 export { poolKey, readCatalogUpdate, type CatalogPool, type CatalogRejection, type CatalogSnapshot } from "./catalog.js";
-export { backoffDelay, backoffOptions, DEFAULT_BACKOFF, interruptibleWait, type BackoffOptions, type Wait, type WaitEnd } from "./backoff.js";
+export { backoffDelay, backoffOptions, DEFAULT_BACKOFF, interruptibleWait, type BackoffOptions, type Wait, type WaitEnd } from "../../util/index.js";
 export { RelayConsumer, type RelayConsumerOptions } from "./consumer.js";
 export type {
   CatalogView,

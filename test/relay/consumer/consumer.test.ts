@@ -192,7 +192,8 @@ describe("relay consumer: RelayConsumer", () => {
     const { consumer, events } = start({ backoff: { minMs: 5, maxMs: 25 }, random: () => 0 });
     await eventually(() => mirrors(consumer, a));
     const delays = () => eventsFor(events, a.key).flatMap((e) => (e.type === "invalidated" ? [e.retryInMs] : []));
-    expect(delays()).to.deep.equal([5, 10, 20, 25]);
+    // The least of each range: [5, 10], [10, 20], then at the cap [12.5, 25].
+    expect(delays()).to.deep.equal([5, 10, 13, 13]);
     expect(consumer.pool(a.key)?.resubscribes).to.equal(4);
     a.pushRaw(deltaPastGap(a));
     await eventually(() => expect(delays()).to.have.length(5));
@@ -200,13 +201,14 @@ describe("relay consumer: RelayConsumer", () => {
     await eventually(() => mirrors(consumer, a));
   });
 
-  it("computes backoff delays within [step, min(max, 2 * step)]", () => {
+  it("computes backoff delays within [max(min, top / 2), top], top = min(max, min * 2^(n+1))", () => {
     const options = backoffOptions({ minMs: 100, maxMs: 10_000 });
     expect(backoffDelay(0, options, () => 0)).to.equal(100);
     expect(backoffDelay(0, options, () => 0.999)).to.equal(200);
     expect(backoffDelay(3, options, () => 0.5)).to.equal(1_200);
-    expect(backoffDelay(7, options, () => 0)).to.equal(10_000);
-    expect(backoffDelay(1_000, options, () => 0.7)).to.equal(10_000);
+    expect(backoffDelay(7, options, () => 0)).to.equal(5_000);
+    expect(backoffDelay(7, options, () => 0.999)).to.equal(9_995);
+    expect(backoffDelay(1_000, options, () => 0.7)).to.equal(8_500);
     expect(backoffOptions()).to.deep.equal({ minMs: 100, maxMs: 10_000 });
     expect(() => backoffOptions({ minMs: 50, maxMs: 10 })).to.throw(RangeError);
     expect(() => backoffOptions({ minMs: -1 })).to.throw(RangeError);

@@ -1,13 +1,16 @@
 /**
- * Bounded exponential backoff with jitter (C.3) between a failed stream and
- * its next subscription, and the interruptible wait that spends it.
+ * The one bounded exponential backoff with jitter: between a relay consumer's
+ * failed stream and its next subscription (contract C.3), a router's relay
+ * streams, and a supervised task's restarts; and the interruptible wait that
+ * spends it.
  *
  * Failure n (0-based, counted since the last success) waits a uniformly
- * random time in [step, min(max, 2 * step)], where step = min(max, min * 2^n):
+ * random time in [max(min, top / 2), top], where top = min(max, min * 2^(n+1)):
  * never less than `minMs`, never more than `maxMs`, and spread so that the
- * consumers of one relay do not come back in lockstep.
+ * consumers of one relay (or processes restarting at once) do not come back
+ * in lockstep, at the cap too.
  */
-import { MAX_TIMER_MS } from "../../util/index.js";
+import { MAX_TIMER_MS } from "./abort.js";
 
 export interface BackoffOptions {
   /** The first wait (ms, default 100). */
@@ -33,9 +36,9 @@ export function backoffOptions(init: Partial<BackoffOptions> = {}): BackoffOptio
 export function backoffDelay(attempt: number, options: BackoffOptions, random: () => number = Math.random): number {
   const { minMs, maxMs } = options;
   // 2^attempt past 2^40 only ever hits the cap; keep the arithmetic finite.
-  const step = Math.min(maxMs, minMs * 2 ** Math.min(Math.max(0, attempt), 40));
-  const top = Math.min(maxMs, 2 * step);
-  return Math.round(step + random() * (top - step));
+  const top = Math.min(maxMs, minMs * 2 ** (Math.min(Math.max(0, attempt), 40) + 1));
+  const bottom = Math.max(minMs, top / 2);
+  return Math.round(bottom + random() * (top - bottom));
 }
 
 export type WaitEnd = "elapsed" | "woken" | "aborted";
