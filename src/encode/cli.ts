@@ -6,7 +6,8 @@ import { Code, createClient } from "@connectrpc/connect";
 import { EncodeHopService, Lifecycle, MemberState } from "../../gen/mmgate/encode/v1/encode_pb.js";
 import type { AnnotatedOutput } from "../../gen/mmgate/llm/v1/output_pb.js";
 import { clientTransport, CliError, connectionContext, type ConnectionOptions, EXIT, ioError, reportError, snakeCodeName, STATUS_TIMEOUT_MS, tokenOption, withConnectionOptions, withExitCodes } from "../rpc/index.js";
-import { annotatedToJsonValue, LlmJsonError, preprocessedRequestFromJson, stringifyJson } from "../llm/index.js";
+import { annotatedToJsonValue, preprocessedRequestFromJson } from "../llm/index.js";
+import { JsonError, stringifyJson } from "../util/index.js";
 
 /** Where the hop commands write; the process's streams by default. */
 export interface HopCliIo {
@@ -95,7 +96,7 @@ export function hopCommand(io: HopCliIo = { out: process.stdout, err: process.st
       try {
         request = preprocessedRequestFromJson(text);
       } catch (err) {
-        if (!(err instanceof LlmJsonError)) throw err;
+        if (!(err instanceof JsonError)) throw err;
         fail(new CliError(snakeCodeName(Code.InvalidArgument), `${file}: ${err.message}`, { cause: err }));
         return;
       }

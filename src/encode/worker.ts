@@ -8,11 +8,11 @@ import { EncodeResponseSchema, EncodeWorkerService, type EncodeRequest, type Enc
 import { TraceLinkSchema, type TraceLink } from "../../gen/mmgate/llm/v1/common_pb.js";
 import type { MediaDataDescriptor, MultimodalData } from "../../gen/mmgate/llm/v1/media_pb.js";
 import { FinishReason_Kind, OutputType, type AnnotatedOutputSchema } from "../../gen/mmgate/llm/v1/output_pb.js";
-import { descriptorToJsonValue, encodeTerminal, stringifyJson } from "../llm/index.js";
+import { descriptorToJsonValue, encodeTerminal } from "../llm/index.js";
 import { mediaModule, type MediaPipeline } from "../media/index.js";
 import { bindService, defineModule } from "../server/index.js";
 import { EtcdRegistration, etcdDiscoverySchema } from "../discovery/index.js";
-import { Semaphore } from "../util/index.js";
+import { Semaphore, stringifyJson } from "../util/index.js";
 import { ENCODE_WORKER_CARD } from "./card.js";
 
 /** The `encodeWorker` config section; every key defaulted, so `{}` parses. */

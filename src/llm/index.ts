@@ -1,16 +1,6 @@
 // The LLM request/response model of the reference (PreprocessedRequest,
 // LLMEngineOutput, FinishReason, Annotated) as mmgate.llm.v1 messages, and
 // lossless conversion from and to the reference's JSON.
-export { LlmJsonError, type LlmJsonErrorCode } from "./errors.js";
-export {
-  DEFAULT_JSON_LIMITS,
-  isJsonObject,
-  parseJson,
-  stringifyJson,
-  type JsonLimits,
-  type JsonObject,
-  type JsonValue,
-} from "./json.js";
 export {
   PROBE_KEY,
   descriptorFromJson,

@@ -9,8 +9,7 @@ import {
   type FinishReason,
   type LLMEngineOutput,
 } from "../../gen/mmgate/llm/v1/output_pb.js";
-import { LlmJsonError } from "./errors.js";
-import { childPath, parseJson, DEFAULT_JSON_LIMITS, type JsonLimits, type JsonObject, type JsonValue } from "./json.js";
+import { JsonError, childPath, parseJson, DEFAULT_JSON_LIMITS, type JsonLimits, type JsonObject, type JsonValue } from "../util/index.js";
 import * as r from "./read.js";
 import { encoderResultFromJson, obj, traceLinkFromJson, traceLinkToJson } from "./request.js";
 
@@ -34,12 +33,12 @@ const OUTPUT_TYPES: ReadonlyMap<string, OutputType> = new Map([
 export function finishReasonFromJson(v: JsonValue, path: string): FinishReason {
   if (typeof v === "string") {
     const kind = FINISH_NAMES.get(v);
-    if (kind === undefined) throw new LlmJsonError("UNKNOWN_VARIANT", path, `unknown finish_reason ${JSON.stringify(v)}`);
+    if (kind === undefined) throw new JsonError("UNKNOWN_VARIANT", path, `unknown finish_reason ${JSON.stringify(v)}`);
     return create(FinishReasonSchema, { kind });
   }
   const o = r.object(v, path);
   const keys = Object.keys(o);
-  if (keys.length !== 1 || keys[0] !== "error") throw new LlmJsonError("UNKNOWN_VARIANT", path, 'expected a finish_reason string or {"error": …}');
+  if (keys.length !== 1 || keys[0] !== "error") throw new JsonError("UNKNOWN_VARIANT", path, 'expected a finish_reason string or {"error": …}');
   return create(FinishReasonSchema, { kind: FinishReason_Kind.ERROR, errorMessage: r.string(o["error"], childPath(path, "error")) });
 }
 
@@ -58,7 +57,7 @@ export function finishReasonToJson(f: FinishReason): JsonValue {
     case FinishReason_Kind.ERROR:
       return obj([["error", f.errorMessage]]);
     default:
-      throw new LlmJsonError("MISSING", "$.finish_reason", "FinishReason has no kind");
+      throw new JsonError("MISSING", "$.finish_reason", "FinishReason has no kind");
   }
 }
 
@@ -76,7 +75,7 @@ export function llmEngineOutputFromJsonValue(v: JsonValue, path = "$"): LLMEngin
     tokenIds: r.opt(o, "token_ids", path, (x, p) => r.list(x, p, r.u32)) ?? [],
     outputType: r.opt(o, "output_type", path, (x, p) => {
       const t = OUTPUT_TYPES.get(r.string(x, p));
-      if (t === undefined) throw new LlmJsonError("UNKNOWN_VARIANT", p, `unknown output_type ${JSON.stringify(x)}`);
+      if (t === undefined) throw new JsonError("UNKNOWN_VARIANT", p, `unknown output_type ${JSON.stringify(x)}`);
       return t;
     }) ?? OutputType.TEXT,
   };

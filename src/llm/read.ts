@@ -1,7 +1,6 @@
 import { create, type JsonObject as PbJsonObject, type JsonValue as PbJsonValue } from "@bufbuild/protobuf";
 import { NullValue, ValueSchema, type Value } from "@bufbuild/protobuf/wkt";
-import { LlmJsonError } from "./errors.js";
-import { childPath, isJsonObject, newJsonObject, type JsonObject, type JsonValue } from "./json.js";
+import { JsonError, childPath, isJsonObject, newJsonObject, type JsonObject, type JsonValue } from "../util/index.js";
 
 // Typed reads of parsed JSON, each naming the path of what it rejects.
 
@@ -14,7 +13,7 @@ export function typeName(v: JsonValue | undefined): string {
 }
 
 function wrong(path: string, want: string, v: JsonValue | undefined): never {
-  throw new LlmJsonError("TYPE", path, `expected ${want}, got ${typeName(v)}`);
+  throw new JsonError("TYPE", path, `expected ${want}, got ${typeName(v)}`);
 }
 
 export function object(v: JsonValue | undefined, path: string): JsonObject {
@@ -40,11 +39,11 @@ export function bool(v: JsonValue | undefined, path: string): boolean {
 /** An integer in [min, max], as bigint. */
 export function integer(v: JsonValue | undefined, path: string, min: bigint, max: bigint): bigint {
   if (typeof v === "number") {
-    if (!Number.isInteger(v)) throw new LlmJsonError("RANGE", path, `expected an integer, got ${v}`);
+    if (!Number.isInteger(v)) throw new JsonError("RANGE", path, `expected an integer, got ${v}`);
     v = BigInt(v);
   }
   if (typeof v !== "bigint") wrong(path, "an integer", v);
-  if (v < min || v > max) throw new LlmJsonError("RANGE", path, `${v} is out of range [${min}, ${max}]`);
+  if (v < min || v > max) throw new JsonError("RANGE", path, `${v} is out of range [${min}, ${max}]`);
   return v;
 }
 
@@ -85,14 +84,14 @@ export function opt<T>(o: JsonObject, key: string, path: string, read: (v: JsonV
 /** A required key. */
 export function req<T>(o: JsonObject, key: string, path: string, read: (v: JsonValue, path: string) => T): T {
   const v = o[key];
-  if (v === undefined) throw new LlmJsonError("MISSING", childPath(path, key), "missing required key");
+  if (v === undefined) throw new JsonError("MISSING", childPath(path, key), "missing required key");
   return read(v, childPath(path, key));
 }
 
 /** Any JSON value as google.protobuf.Value; integers must be exact in a double. */
 export function toValue(v: JsonValue, path: string): Value {
   if (v === null) return create(ValueSchema, { kind: { case: "nullValue", value: NullValue.NULL_VALUE } });
-  if (typeof v === "bigint") throw new LlmJsonError("LOSSY_NUMBER", path, `${v} is not exact in a JSON field (a double)`);
+  if (typeof v === "bigint") throw new JsonError("LOSSY_NUMBER", path, `${v} is not exact in a JSON field (a double)`);
   if (typeof v === "number") return create(ValueSchema, { kind: { case: "numberValue", value: v } });
   if (typeof v === "string") return create(ValueSchema, { kind: { case: "stringValue", value: v } });
   if (typeof v === "boolean") return create(ValueSchema, { kind: { case: "boolValue", value: v } });
@@ -109,7 +108,7 @@ function structFields(o: JsonObject, path: string): Record<string, Value> {
 }
 
 function toPbJson(v: JsonValue, path: string): PbJsonValue {
-  if (typeof v === "bigint") throw new LlmJsonError("LOSSY_NUMBER", path, `${v} is not exact in a JSON field (a double)`);
+  if (typeof v === "bigint") throw new JsonError("LOSSY_NUMBER", path, `${v} is not exact in a JSON field (a double)`);
   if (v === null || typeof v !== "object") return v;
   if (Array.isArray(v)) return v.map((x, i) => toPbJson(x, `${path}[${i}]`));
   const out = Object.create(null) as PbJsonObject;

@@ -24,8 +24,7 @@ import {
   type StopConditionsSchema,
 } from "../../gen/mmgate/llm/v1/request_pb.js";
 import { DataType, type ImageMetadata, type VideoMetadata } from "../../gen/mmgate/media/v1/media_pb.js";
-import { LlmJsonError } from "./errors.js";
-import { childPath, newJsonObject, parseJson, DEFAULT_JSON_LIMITS, type JsonLimits, type JsonObject, type JsonValue } from "./json.js";
+import { JsonError, childPath, newJsonObject, parseJson, DEFAULT_JSON_LIMITS, type JsonLimits, type JsonObject, type JsonValue } from "../util/index.js";
 import * as r from "./read.js";
 
 /** The reference's wire key of is_probe. */
@@ -39,7 +38,7 @@ const MEM_TYPES = new Set(["Dram", "Vram", "Block", "Object", "File", "Unknown"]
 function hex(re: RegExp, digits: number) {
   return (v: JsonValue, path: string): string => {
     const s = r.string(v, path);
-    if (!re.test(s)) throw new LlmJsonError("FORMAT", path, `expected ${digits} hex digits`);
+    if (!re.test(s)) throw new JsonError("FORMAT", path, `expected ${digits} hex digits`);
     return s;
   };
 }
@@ -88,22 +87,22 @@ export function descriptorFromJson(v: JsonValue, path: string): MediaDataDescrip
   const nixl = r.req(o, "nixl_descriptor", path, r.object);
   const nixlPath = childPath(path, "nixl_descriptor");
   const memType = r.req(nixl, "mem_type", nixlPath, r.string);
-  if (!MEM_TYPES.has(memType)) throw new LlmJsonError("UNKNOWN_VARIANT", childPath(nixlPath, "mem_type"), `unknown mem_type ${JSON.stringify(memType)}`);
+  if (!MEM_TYPES.has(memType)) throw new JsonError("UNKNOWN_VARIANT", childPath(nixlPath, "mem_type"), `unknown mem_type ${JSON.stringify(memType)}`);
   const dtype = r.req(o, "dtype", path, r.string);
-  if (dtype !== "UINT8") throw new LlmJsonError("UNKNOWN_VARIANT", childPath(path, "dtype"), `unknown dtype ${JSON.stringify(dtype)}`);
+  if (dtype !== "UINT8") throw new JsonError("UNKNOWN_VARIANT", childPath(path, "dtype"), `unknown dtype ${JSON.stringify(dtype)}`);
   const metaPath = childPath(path, "metadata");
   let metadata: MediaDataDescriptor["metadata"] = { case: undefined };
   const meta = o["metadata"];
   if (meta !== undefined && meta !== null) {
     const m = r.object(meta, metaPath);
     const keys = Object.keys(m);
-    if (keys.length !== 1) throw new LlmJsonError("UNKNOWN_VARIANT", metaPath, "expected {\"Image\": …} or {\"Video\": …}");
+    if (keys.length !== 1) throw new JsonError("UNKNOWN_VARIANT", metaPath, "expected {\"Image\": …} or {\"Video\": …}");
     if (keys[0] === "Image") metadata = { case: "image", value: imageMetadataFromJson(m["Image"] as JsonValue, childPath(metaPath, "Image")) };
     else if (keys[0] === "Video") metadata = { case: "video", value: videoMetadataFromJson(m["Video"] as JsonValue, childPath(metaPath, "Video")) };
-    else throw new LlmJsonError("UNKNOWN_VARIANT", metaPath, `unknown metadata variant ${JSON.stringify(keys[0])}`);
+    else throw new JsonError("UNKNOWN_VARIANT", metaPath, `unknown metadata variant ${JSON.stringify(keys[0])}`);
   }
   const hash = r.opt(o, "content_hash", path, r.string);
-  if (hash !== undefined && !CONTENT_HASH.test(hash)) throw new LlmJsonError("FORMAT", childPath(path, "content_hash"), "expected 16 lowercase hex digits");
+  if (hash !== undefined && !CONTENT_HASH.test(hash)) throw new JsonError("FORMAT", childPath(path, "content_hash"), "expected 16 lowercase hex digits");
   return create(MediaDataDescriptorSchema, {
     nixlMetadata: r.req(o, "nixl_metadata", path, r.string),
     nixlDescriptor: {
@@ -123,7 +122,7 @@ export function descriptorFromJson(v: JsonValue, path: string): MediaDataDescrip
 export function multimodalDataFromJson(v: JsonValue, path: string): MultimodalData {
   const o = r.object(v, path);
   const keys = Object.keys(o);
-  if (keys.length !== 1) throw new LlmJsonError("UNKNOWN_VARIANT", path, 'expected one of {"Url": …}, {"RawUrl": …}, {"Decoded": …}');
+  if (keys.length !== 1) throw new JsonError("UNKNOWN_VARIANT", path, 'expected one of {"Url": …}, {"RawUrl": …}, {"Decoded": …}');
   const tag = keys[0] as string;
   const p = childPath(path, tag);
   const inner = o[tag] as JsonValue;
@@ -135,7 +134,7 @@ export function multimodalDataFromJson(v: JsonValue, path: string): MultimodalDa
     case "Decoded":
       return create(MultimodalDataSchema, { data: { case: "decoded", value: descriptorFromJson(inner, p) } });
     default:
-      throw new LlmJsonError("UNKNOWN_VARIANT", path, `unknown media variant ${JSON.stringify(tag)}`);
+      throw new JsonError("UNKNOWN_VARIANT", path, `unknown media variant ${JSON.stringify(tag)}`);
   }
 }
 
@@ -249,7 +248,7 @@ function multiModalDataFromJson(v: JsonValue, path: string): Record<string, Mult
 /** encoder_result: the reference rejects anything but an object. */
 export function encoderResultFromJson(v: JsonValue, path: string): PbJsonObject {
   if (typeof v !== "object" || v === null || Array.isArray(v)) {
-    throw new LlmJsonError("TYPE", path, "encoder_result must be a JSON object");
+    throw new JsonError("TYPE", path, "encoder_result must be a JSON object");
   }
   return r.toStruct(v, path);
 }
@@ -375,7 +374,7 @@ export function multimodalDataToJson(m: MultimodalData): JsonObject {
     case "decoded":
       return obj([["Decoded", descriptorToJsonValue(m.data.value)]]);
     default:
-      throw new LlmJsonError("MISSING", "$", "MultimodalData has no variant set");
+      throw new JsonError("MISSING", "$", "MultimodalData has no variant set");
   }
 }
 

@@ -6,3 +6,4 @@ export { registeredMetric } from "./metrics.js";
 export { DEFAULT_SLICE_BUDGET, WorkSlicer, type SliceBudget, type SlicerStats } from "./slicer.js";
 export { boundedLines, LineTooLongError } from "./lines.js";
 export { backoffDelay, backoffOptions, DEFAULT_BACKOFF, interruptibleWait, type BackoffOptions, type Wait, type WaitEnd } from "./backoff.js";
+export { childPath, DEFAULT_JSON_LIMITS, isJsonObject, JsonError, newJsonObject, parseJson, stringifyJson, type JsonErrorCode, type JsonLimits, type JsonObject, type JsonValue } from "./json.js";

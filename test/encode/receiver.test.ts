@@ -16,7 +16,8 @@ import type { PreprocessedRequestSchema } from "../../gen/mmgate/llm/v1/request_
 import { TokenWorkerService } from "../../gen/mmgate/llm/v1/token_worker_pb.js";
 import { MediaService } from "../../gen/mmgate/media/v1/media_pb.js";
 import { defineTokenWorkerModule, encodeHopModule, encodeWorkerModule, tokenWorkerModule, type TokenWorkerSeams } from "../../src/encode/index.js";
-import { descriptorFromJson, parseJson } from "../../src/llm/index.js";
+import { descriptorFromJson } from "../../src/llm/index.js";
+import { parseJson } from "../../src/util/index.js";
 import {
   agentMetadataBytes,
   buildDescriptor,

@@ -9,7 +9,8 @@ import type { PreprocessedRequestSchema } from "../../gen/mmgate/llm/v1/request_
 import { TokenWorkerService } from "../../gen/mmgate/llm/v1/token_worker_pb.js";
 import { MediaService } from "../../gen/mmgate/media/v1/media_pb.js";
 import { consumeEncodeStream, EncodeHopError, encodeWorkerModule, tokenWorkerModule } from "../../src/encode/index.js";
-import { descriptorFromJson, parseJson } from "../../src/llm/index.js";
+import { descriptorFromJson } from "../../src/llm/index.js";
+import { parseJson } from "../../src/util/index.js";
 import { mediaModule } from "../../src/media/index.js";
 import { expectRejection, grpcServerStream, startServer, type InProcessServer } from "../support/index.js";
 import { encodeRaw, pattern } from "../media/fixtures.js";

@@ -4,21 +4,18 @@ import { expect } from "chai";
 import { AnnotatedOutputSchema, FinishReason_Kind } from "../../gen/mmgate/llm/v1/output_pb.js";
 import { PreprocessedRequestSchema } from "../../gen/mmgate/llm/v1/request_pb.js";
 import {
-  LlmJsonError,
   annotatedError,
   annotatedFromJsonValue,
   annotatedToJsonValue,
   encodeTerminal,
   formatFinishReason,
   llmEngineOutputToJsonValue,
-  parseJson,
   preprocessedRequestFromJson,
   preprocessedRequestFromJsonValue,
   preprocessedRequestToJsonValue,
   shouldEncode,
-  stringifyJson,
-  type JsonValue,
 } from "../../src/llm/index.js";
+import { JsonError, parseJson, stringifyJson, type JsonValue } from "../../src/util/index.js";
 
 const fixture = (name: string) => readFileSync(new URL(`./fixtures/${name}`, import.meta.url), "utf8");
 
@@ -38,10 +35,10 @@ function errorOf(f: () => unknown): { code: string; path: string } {
   try {
     f();
   } catch (e) {
-    expect(e).to.be.instanceOf(LlmJsonError);
-    return { code: (e as LlmJsonError).code, path: (e as LlmJsonError).path };
+    expect(e).to.be.instanceOf(JsonError);
+    return { code: (e as JsonError).code, path: (e as JsonError).path };
   }
-  throw new Error("expected an LlmJsonError");
+  throw new Error("expected an JsonError");
 }
 
 const REQUESTS = ["request-text.json", "request-multimodal-url.json", "request-multimodal-decoded.json", "request-probe.json", "request-encoded.json"];

@@ -8,7 +8,7 @@
  * Reading follows serde: unknown keys (`state_source`, `session_id`, ...) are
  * ignored, `dp_rank` defaults to 0, an Option field may be absent or null.
  */
-import { LlmJsonError, isJsonObject, parseJson, type JsonObject, type JsonValue } from "../../llm/index.js";
+import { isJsonObject, JsonError, parseJson, type JsonObject, type JsonValue } from "../../util/index.js";
 // A block's multimodal details (mm_extra_info) take block hashing's own shape.
 import type { BlockExtraInfo } from "../hash/index.js";
 import type { KvCacheEventData, RouterEvent, StorageTier, StoredBlock } from "./events.js";
@@ -94,7 +94,7 @@ export function routerEventFromJson(line: string, options: RouterEventJsonOption
   try {
     doc = parseJson(line, { maxBytes, maxDepth: MAX_DEPTH });
   } catch (e) {
-    if (e instanceof LlmJsonError) {
+    if (e instanceof JsonError) {
       const code: RouterEventJsonErrorCode =
         e.code === "TOO_LARGE" || e.code === "TOO_DEEP" || e.code === "DUPLICATE_KEY" || e.code === "RANGE" ? e.code : "NOT_JSON";
       throw new RouterEventJsonError(code, e.path, e.message.slice(e.path.length + 2), undefined, { cause: e });

@@ -1,4 +1,47 @@
-import { LlmJsonError } from "./errors.js";
+/**
+ * The lossless JSON reader (integers beyond 2^53 as bigint, null-prototype
+ * objects, size and depth limits) and writer that the reference formats need
+ * (the LLM request and output model, the KV router events), with its typed
+ * error.
+ */
+/** Stable codes of JsonError. */
+export type JsonErrorCode =
+  /** The input exceeds the byte limit. */
+  | "TOO_LARGE"
+  /** Arrays and objects nest deeper than the depth limit. */
+  | "TOO_DEEP"
+  /** Not JSON. */
+  | "SYNTAX"
+  /** An object names the same key twice. */
+  | "DUPLICATE_KEY"
+  /** A value has the wrong JSON type. */
+  | "TYPE"
+  /** A number is out of the field's range or not an integer where one is needed. */
+  | "RANGE"
+  /** A required key is missing. */
+  | "MISSING"
+  /** A string or tag names no known variant. */
+  | "UNKNOWN_VARIANT"
+  /** A string does not have the field's format (hex ids). */
+  | "FORMAT"
+  /** An integer inside a free-form JSON field is not exact as a double. */
+  | "LOSSY_NUMBER";
+
+/**
+ * Bad JSON, or JSON that does not fit the model read from it: a stable code
+ * and the JSON path of the offending value ("$" for the document,
+ * "$.multi_modal_data.image[0]" below it).
+ */
+export class JsonError extends Error {
+  override readonly name = "JsonError";
+  constructor(
+    readonly code: JsonErrorCode,
+    readonly path: string,
+    detail: string,
+  ) {
+    super(`${path}: ${detail}`);
+  }
+}
 
 /**
  * A parsed JSON value. Integers outside the safe range of a double are
@@ -39,11 +82,11 @@ export function parseJson(text: string, limits: JsonLimits = DEFAULT_JSON_LIMITS
   // UTF-16 length bounds the UTF-8 length from below, so this check is
   // cheap before the exact one.
   if (text.length > limits.maxBytes || Buffer.byteLength(text, "utf8") > limits.maxBytes) {
-    throw new LlmJsonError("TOO_LARGE", "$", `input is larger than ${limits.maxBytes} bytes`);
+    throw new JsonError("TOO_LARGE", "$", `input is larger than ${limits.maxBytes} bytes`);
   }
   let pos = 0;
   const syntax = (path: string, what: string): never => {
-    throw new LlmJsonError("SYNTAX", path, `${what} at offset ${pos}`);
+    throw new JsonError("SYNTAX", path, `${what} at offset ${pos}`);
   };
   const ws = () => {
     while (pos < text.length) {
@@ -87,7 +130,7 @@ export function parseJson(text: string, limits: JsonLimits = DEFAULT_JSON_LIMITS
     ws();
     const c = text[pos];
     if (c === "{" || c === "[") {
-      if (depth >= limits.maxDepth) throw new LlmJsonError("TOO_DEEP", path, `nesting deeper than ${limits.maxDepth}`);
+      if (depth >= limits.maxDepth) throw new JsonError("TOO_DEEP", path, `nesting deeper than ${limits.maxDepth}`);
       pos++;
       ws();
       if (c === "[") {
@@ -116,7 +159,7 @@ export function parseJson(text: string, limits: JsonLimits = DEFAULT_JSON_LIMITS
         if (text[pos] !== '"') syntax(path, "expected a key");
         const key = str(path);
         const child = childPath(path, key);
-        if (Object.prototype.hasOwnProperty.call(obj, key)) throw new LlmJsonError("DUPLICATE_KEY", child, "duplicate key");
+        if (Object.prototype.hasOwnProperty.call(obj, key)) throw new JsonError("DUPLICATE_KEY", child, "duplicate key");
         ws();
         if (text[pos] !== ":") syntax(child, "expected ':'");
         pos++;
@@ -142,7 +185,7 @@ export function parseJson(text: string, limits: JsonLimits = DEFAULT_JSON_LIMITS
       return Number.isSafeInteger(n) ? n : BigInt(m[0]);
     }
     const n = Number(m[0]);
-    if (!Number.isFinite(n)) throw new LlmJsonError("RANGE", path, "number out of range");
+    if (!Number.isFinite(n)) throw new JsonError("RANGE", path, "number out of range");
     return n;
   };
   const result = value("$", 0);

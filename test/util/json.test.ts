@@ -1,15 +1,15 @@
 import { expect } from "chai";
-import { LlmJsonError, parseJson, stringifyJson } from "../../src/llm/index.js";
+import { JsonError, parseJson, stringifyJson } from "../../src/util/index.js";
 
 function code(f: () => unknown): { code: string; path: string } {
   try {
     f();
   } catch (e) {
-    expect(e).to.be.instanceOf(LlmJsonError);
-    const err = e as LlmJsonError;
+    expect(e).to.be.instanceOf(JsonError);
+    const err = e as JsonError;
     return { code: err.code, path: err.path };
   }
-  throw new Error("expected an LlmJsonError");
+  throw new Error("expected an JsonError");
 }
 
 describe("llm: lossless JSON", () => {
