@@ -17,12 +17,21 @@ export default tseslint.config(
   },
   // A folder of src/ is a capability or a shared layer whose index.ts is its
   // public face: other folders import that, never a file behind it (gen/ is
-  // generated code, imported directly). Only the executable imports src/cli.
+  // generated code, imported directly), dynamic import() included. Only the
+  // executable imports src/cli.
   ...[1, 2, 3].map((depth) => {
     const up = "\\.\\./".repeat(depth);
     return {
       files: [`src/${"*/".repeat(depth)}*.ts`],
       rules: {
+        "no-restricted-syntax": [
+          "error",
+          {
+            // The same pattern for import(); esquery's regex cannot hold a "/", written \\x2F here.
+            selector: `ImportExpression[source.value=/^${"\\.\\.\\x2F".repeat(depth)}(?!\\.\\.|gen\\x2F)[^\\x2F]+\\x2F(?!index\\.js$)./]`,
+            message: "Import another folder through its index.ts, its public face (import() too).",
+          },
+        ],
         "no-restricted-imports": [
           "error",
           {

@@ -83,14 +83,14 @@ export const subcommands: readonly LazySubcommand[] = [
     load: async () => {
       const kv = (await import("../kv/index.js")).kvCommand();
       // Publishing needs a client and the ingest contract, which live with the relay.
-      return kv.addCommand((await import("../relay/publish-cli.js")).kvPublishCommand());
+      return kv.addCommand((await import("../relay/index.js")).kvPublishCommand());
     },
   },
   {
     name: "relay",
     description: "KV relays by hand: watch a relay's catalog and pool streams as a router would mirror them",
     term: "relay",
-    load: async () => (await import("../relay/watch-cli.js")).relayCommand(),
+    load: async () => (await import("../relay/index.js")).relayCommand(),
   },
   {
     name: "cbi1",

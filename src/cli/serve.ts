@@ -1,6 +1,6 @@
 import { Command, InvalidArgumentError, Option } from "commander";
 import { stringify as toYaml } from "yaml";
-import { builtinModules } from "../modules.js";
+import { builtinModules, modulesOf } from "../modules.js";
 import { ConfigError, hostPort, loadConfig, parseScalar, redactedConfig, startHost, type ServiceModule } from "../server/index.js";
 import { createLogger } from "./logger.js";
 import { version } from "../version.js";
@@ -57,7 +57,7 @@ export const serveRoles: readonly ServeRole[] = [
     name: "router",
     description: "serve KV overlap queries (mmgate.kvrouter.v1.OverlapService) over the pools of one or more KV relays (module router)",
     modules: ["router"],
-    extraModules: async () => [(await import("../relay/router/index.js")).routerModule],
+    extraModules: async () => modulesOf("router"),
     options: [new Option("--relay <host:port>", "a KV relay to mirror (repeatable; else router.relays from the config or MMGATE_ROUTER__RELAYS)").argParser(collectRelay)],
     overrides: (opts) => (Array.isArray(opts.relay) ? { "router.relays": opts.relay } : {}),
     overrideFlags: { "router.relays": "--relay" },
