@@ -7,6 +7,9 @@
  * - host: mmgate's host with its default config (rpc.fastPath on);
  * - host-connect: the same host with rpc.fastPath off, every call through
  *   connect-node's handler;
+ * - host-traced: the host with tracing on, every call sampled, its spans
+ *   exported over OTLP/HTTP (protobuf) to BENCH_OTLP_ENDPOINT (the bench's
+ *   sink, which discards them);
  * - connect: bare connect-node (connectNodeAdapter + http2.createServer);
  * - grpc-js: a bare @grpc/grpc-js server;
  * - http2: a bare node:http2 server answering with precomputed bytes, the
@@ -131,9 +134,17 @@ function benchImpl(r: Replies): Partial<ServiceImpl<typeof BenchRpc>> {
 }
 
 
-async function mmgateHost(r: Replies, fastPath: boolean): Promise<string> {
+async function mmgateHost(r: Replies, fastPath: boolean, traced = false): Promise<string> {
   // Loaded here so the bare servers' processes hold no mmgate code.
   const { bindService, defineModule, resolveConfig, startHost } = await import("../src/server/index.js");
+  if (traced) {
+    // As `mmgate serve` does it: the SDK first, then the host (which looks once whether tracing is on).
+    const { resolveTracingSettings, startTracing } = await import("../src/telemetry/index.js");
+    const endpoint = process.env["BENCH_OTLP_ENDPOINT"];
+    if (endpoint === undefined) throw new Error("host-traced needs BENCH_OTLP_ENDPOINT");
+    const settings = resolveTracingSettings({ enabled: true, endpoint, protocol: "http/protobuf", serviceName: "bench", sampleRatio: 1 }, {});
+    startTracing(settings, { logger: pino({ level: "silent" }), version: "bench" });
+  }
   const benchModule = defineModule({
     name: "bench",
     description: "bench-only methods",
@@ -268,6 +279,7 @@ async function streamChunks(stream: http2.ServerHttp2Stream, count: number, chun
 const starts: Record<string, (r: Replies) => Promise<string>> = {
   host: (r) => mmgateHost(r, true),
   "host-connect": (r) => mmgateHost(r, false),
+  "host-traced": (r) => mmgateHost(r, true, true),
   connect: bareConnect,
   "grpc-js": bareGrpcJs,
   http2: bareHttp2,

@@ -5,6 +5,10 @@
  *   request path for unary and server-streaming gRPC calls);
  * - host-connect: the same host with rpc.fastPath off, every call through
  *   connect-node's handler;
+ * - host-traced: the host with OpenTelemetry tracing on, every call sampled
+ *   (a server span each), its spans exported over OTLP/HTTP to a sink in
+ *   this process that reads and discards them: what tracing costs, next to
+ *   `host`, which runs with tracing off (the default);
  * - connect: bare connect-node (connectNodeAdapter + http2.createServer);
  * - grpc-js: a bare @grpc/grpc-js server;
  * - http2: a bare node:http2 server writing precomputed gRPC frames, the
@@ -49,6 +53,8 @@
  * BENCH_CLIENT (http2 | grpc-js; see bench/_rpc-client.ts).
  */
 import { spawn, type ChildProcess } from "node:child_process";
+import { createServer as createHttpServer } from "node:http";
+import type { AddressInfo } from "node:net";
 import { createInterface } from "node:readline";
 import { create, toBinary } from "@bufbuild/protobuf";
 import { BytesValueSchema, UInt32ValueSchema } from "@bufbuild/protobuf/wkt";
@@ -80,9 +86,10 @@ const TARGET_STREAM_VS_HTTP2 = 0.7;
 const root = new URL("..", import.meta.url).pathname;
 
 /** A child running a bench script; `next()` reads its next stdout line as JSON. */
-function child(script: string, args: string[]): { proc: ChildProcess; next: () => Promise<Record<string, unknown>> } {
+function child(script: string, args: string[], env: Record<string, string> = {}): { proc: ChildProcess; next: () => Promise<Record<string, unknown>> } {
   const proc = spawn(process.execPath, ["--import", "tsx", `bench/${script}`, ...args], {
     cwd: root,
+    env: { ...process.env, ...env },
     stdio: ["pipe", "pipe", "inherit"],
   });
   const lines = createInterface({ input: proc.stdout! })[Symbol.asyncIterator]();
@@ -97,6 +104,7 @@ function child(script: string, args: string[]): { proc: ChildProcess; next: () =
 const SERVER_NAMES = {
   host: "mmgate host",
   "host-connect": "host, connect path",
+  "host-traced": "host, tracing on",
   connect: "bare connect-node",
   "grpc-js": "bare @grpc/grpc-js",
   http2: "bare node:http2",
@@ -173,10 +181,38 @@ const WORKLOADS: Record<string, Workload> = {
 };
 
 const workloads = selected("BENCH_ONLY", Object.keys(WORKLOADS)).map((key) => WORKLOADS[key]!);
-const servers = selected("BENCH_SERVERS", Object.keys(SERVER_NAMES) as ServerKind[]).map((kind) => ({
+const serverKinds = selected("BENCH_SERVERS", Object.keys(SERVER_NAMES) as ServerKind[]);
+
+/**
+ * Where host-traced exports: an OTLP/HTTP endpoint that reads each export
+ * request to its end and answers success. It runs in this process, which
+ * idles while a server is measured, so the traced host pays for making,
+ * batching, encoding and sending its spans, and nothing for a collector.
+ */
+const sink = { requests: 0, bytes: 0 };
+const sinkServer = serverKinds.includes("host-traced")
+  ? createHttpServer((req, res) => {
+      req.on("data", (chunk: Buffer) => (sink.bytes += chunk.length));
+      req.on("end", () => {
+        sink.requests += 1;
+        res.writeHead(200, { "content-type": "application/x-protobuf" }).end();
+      });
+    })
+  : undefined;
+if (sinkServer) await new Promise<void>((resolve) => sinkServer.listen(0, "127.0.0.1", resolve));
+const tracedEnv: Record<string, string> = sinkServer
+  ? {
+      BENCH_OTLP_ENDPOINT: `http://127.0.0.1:${(sinkServer.address() as AddressInfo).port}`,
+      // Every span exported, none dropped: a queue that holds several seconds of calls, sent in large batches as it fills.
+      OTEL_BSP_MAX_QUEUE_SIZE: "262144",
+      OTEL_BSP_MAX_EXPORT_BATCH_SIZE: "4096",
+      OTEL_BSP_SCHEDULE_DELAY: "200",
+    }
+  : {};
+const servers = serverKinds.map((kind) => ({
   kind,
   name: SERVER_NAMES[kind],
-  ...child("_rpc-server.ts", [kind, String(REPEAT_MESSAGES), String(STREAM_BYTES)]),
+  ...child("_rpc-server.ts", [kind, String(REPEAT_MESSAGES), String(STREAM_BYTES)], kind === "host-traced" ? tracedEnv : {}),
   address: "",
 }));
 const client = child("_rpc-client.ts", []);
@@ -229,6 +265,7 @@ try {
 } finally {
   client.proc.stdin!.end();
   for (const s of servers) s.proc.stdin!.end();
+  sinkServer?.close();
 }
 
 const MB = 1e6;
@@ -276,6 +313,7 @@ for (const [wi, w] of workloads.entries()) {
     ["host", "connect"],
     ["host", "http2"],
     ["host-connect", "connect", "the host's layers on the connect path"],
+    ["host-traced", "host", "tracing on, every call sampled and exported / tracing off"],
   ];
   for (const [a, b, note] of pairs) {
     const ai = index(a);
@@ -302,6 +340,7 @@ for (const [wi, w] of workloads.entries()) {
     );
   }
 }
+if (sinkServer) console.log(`\nOTLP sink: ${sink.requests} export requests from host-traced, ${(sink.bytes / MB).toFixed(1)} MB of spans`);
 if (verdicts.length > 0) console.log(`\ntargets:\n${verdicts.join("\n")}`);
 if (failed > 0) {
   console.log(`\n${failed} calls failed: the figures above are not to be trusted`);

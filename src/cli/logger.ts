@@ -1,6 +1,7 @@
 import type { DestinationStream, Logger } from "pino";
 import { pino } from "pino";
 import type { HostConfig } from "../server/index.js";
+import { traceLogFields } from "../telemetry/index.js";
 
 export type LogFormat = HostConfig["log"]["format"];
 
@@ -21,7 +22,13 @@ export async function prettyDestination(destination: number | NodeJS.WritableStr
 }
 
 /** The process's logger, writing to stdout in the configured format. */
-export async function createLogger(log: HostConfig["log"], stdoutIsTty = process.stdout.isTTY === true): Promise<Logger> {
-  const options = { level: log.level, base: { pid: process.pid }, timestamp: pino.stdTimeFunctions.isoTime };
+export async function createLogger(log: HostConfig["log"], stdoutIsTty = process.stdout.isTTY === true, extra: { traceIds?: boolean } = {}): Promise<Logger> {
+  const options = {
+    level: log.level,
+    base: { pid: process.pid },
+    timestamp: pino.stdTimeFunctions.isoTime,
+    // With tracing on, a line written inside a span names it (trace_id, span_id); off, no mixin runs at all.
+    ...(extra.traceIds === true ? { mixin: traceLogFields } : {}),
+  };
   return chooseLogFormat(log.format, stdoutIsTty) === "pretty" ? pino(options, await prettyDestination()) : pino(options);
 }

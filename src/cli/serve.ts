@@ -5,6 +5,7 @@ import { ConfigError, hostPort, loadConfig, parseScalar, redactedConfig, startHo
 import { createLogger } from "./logger.js";
 import { version } from "../version.js";
 import { CliError, EXIT, reportError, reportWarning, withExitCodes } from "../rpc/index.js";
+import { resolveTracingSettings, startTracing, TelemetryConfigError } from "../telemetry/index.js";
 
 interface ServeOptions {
   config?: string;
@@ -118,8 +119,18 @@ export function serveCommand(role?: ServeRole): Command {
         process.stdout.write(opts.format === "yaml" ? toYaml(printed) : `${JSON.stringify(printed, null, 2)}\n`);
         return;
       }
-      const logger = await createLogger(config.log);
+      let tracing;
+      try {
+        tracing = resolveTracingSettings(config.telemetry.tracing, process.env);
+      } catch (err) {
+        if (err instanceof TelemetryConfigError) throw new CliError("config", err.message, { exitCode: EXIT.usage });
+        throw err;
+      }
+      // Log lines carry trace_id and span_id only while spans are made.
+      const logger = await createLogger(config.log, undefined, { traceIds: tracing.enabled });
       for (const w of warnings) logger.warn(w);
+      // Before the host: its interceptors and the modules' channels look once whether tracing is on. The host flushes it at shutdown.
+      if (tracing.enabled) startTracing(tracing, { logger, version });
       let host;
       try {
         host = await startHost({ config, modules, logger, version });

@@ -26,6 +26,7 @@ import { EtcdResolver, etcdDiscoverySchema, etcdPoolPrefix, StaticResolver, stat
 import { shouldEncode } from "../llm/index.js";
 import { callContextOf, ChannelPool, channelConfigSchema, CONTEXT_HEADERS, inProcessTransport, isPassOnHeaderName, passedOnHeaders, withCallContext } from "../rpc/index.js";
 import { bindService, ConfigError, defineModule, hostPort, requestIdOf, type ModuleContext } from "../server/index.js";
+import { openSpan, spanningStream } from "../telemetry/index.js";
 import { delay, MAX_TIMER_MS, registeredMetric } from "../util/index.js";
 import { acceptsEncoded, EncodedMessage, encodedResponsesKey } from "../wire/index.js";
 import { EncoderRouter, type EncodeBinding, type EncodeTarget, type EncoderLifecycle, type FallbackCause } from "./router.js";
@@ -422,8 +423,19 @@ function createHop(ctx: ModuleContext<EncodeHopConfig>, seams: HopSeams) {
   ): Promise<AsyncIterable<TokenGenerateResponse | EncodedMessage>> => {
     if (relayEncoded) contextValues.set(encodedResponsesKey, true);
     const input = createAsyncIterable([create(TokenGenerateRequestSchema, { request })]);
-    const res = await downstreamTransport.stream(TokenWorkerService.method.generate, signal, undefined, undefined, input, contextValues);
-    return res.message as AsyncIterable<TokenGenerateResponse | EncodedMessage>;
+    // The forward step's span (tracing on) lasts until the downstream's stream ends; the call is its child.
+    const forward = openSpan("hop.forward", { "mmgate.hop.downstream": config.downstream, "mmgate.hop.encoded": request.encoderResult !== undefined });
+    if (forward === undefined) {
+      const res = await downstreamTransport.stream(TokenWorkerService.method.generate, signal, undefined, undefined, input, contextValues);
+      return res.message as AsyncIterable<TokenGenerateResponse | EncodedMessage>;
+    }
+    try {
+      const res = await forward.run(() => downstreamTransport.stream(TokenWorkerService.method.generate, signal, undefined, undefined, input, contextValues));
+      return spanningStream(forward, res.message as AsyncIterable<TokenGenerateResponse | EncodedMessage>);
+    } catch (error) {
+      forward.end(error);
+      throw error;
+    }
   };
   /** The members of the pool the hop routes over now, with their counts, for GetStatus and the gauge. */
   const memberViews = (): MemberView[] => poolView?.members()?.views() ?? [];

@@ -7,6 +7,7 @@ import type { TraceLink } from "../../gen/mmgate/llm/v1/common_pb.js";
 import { FinishReason_Kind, type AnnotatedOutput } from "../../gen/mmgate/llm/v1/output_pb.js";
 import { PreprocessedRequestSchema, type PreprocessedRequest } from "../../gen/mmgate/llm/v1/request_pb.js";
 import { shouldEncode } from "../llm/index.js";
+import { inSpan, type TraceSpan } from "../telemetry/index.js";
 import { delay } from "../util/index.js";
 import { isRefused, type CallOutcome } from "./members.js";
 
@@ -240,9 +241,15 @@ export class EncoderRouter {
    */
   async prepare(request: PreprocessedRequest, call: HopCallOptions): Promise<PreprocessedRequest> {
     if (!shouldEncode(request)) return request;
+    // The encode step's span (tracing on): the Encode call is its child; a fallback marks it failed with its cause.
+    return inSpan("hop.encode", this.target ? { "mmgate.encode.target": this.target.id } : undefined, (span) => this.encodeOrPass(request, call, span));
+  }
+
+  private async encodeOrPass(request: PreprocessedRequest, call: HopCallOptions, span: TraceSpan | undefined): Promise<PreprocessedRequest> {
     if (this.lifecycle !== "active") {
       // The reference's None target: no admitted member, no error per request.
       this.options.onUnavailable?.();
+      span?.set("mmgate.encode.outcome", "unavailable");
       return request;
     }
     const binding = this.binding?.binding;
@@ -250,6 +257,7 @@ export class EncoderRouter {
     try {
       member = binding?.pick();
       if (member === undefined) throw new EncodeHopError("no_member", "no Encode worker is admitted");
+      span?.set("mmgate.encode.member", member.id);
       const client = createClient(EncodeWorkerService, member.transport);
       const headers = new Headers(call.headers ?? {});
       headers.set("x-request-id", call.requestId);
@@ -269,6 +277,7 @@ export class EncoderRouter {
       encoded.encoderResult = outcome.encoderResult;
       encoded.migrationLink = outcome.traceLink;
       this.options.onEncoded?.(member.id);
+      span?.set("mmgate.encode.outcome", "encoded");
       return encoded;
     } catch (err) {
       const cause = err instanceof EncodeHopError ? err.cause_ : "transport";
@@ -277,6 +286,7 @@ export class EncoderRouter {
         "Encoder hop failed; falling back to downstream inline encoding",
       );
       this.options.onFallback?.(cause, member?.id);
+      span?.set("mmgate.encode.outcome", "fallback").set("mmgate.encode.fallback_cause", cause).fail(err, cause);
       return request;
     }
   }

@@ -12,6 +12,7 @@ import { descriptorToJsonValue, encodeTerminal } from "../llm/index.js";
 import { mediaModule, type MediaPipeline } from "../media/index.js";
 import { bindService, defineModule } from "../server/index.js";
 import { EtcdRegistration, etcdDiscoverySchema } from "../discovery/index.js";
+import { inSpan } from "../telemetry/index.js";
 import { Semaphore, stringifyJson } from "../util/index.js";
 import { ENCODE_WORKER_CARD } from "./card.js";
 
@@ -116,39 +117,43 @@ export function createEncodeWorkerService(deps: EncodeWorkerDeps): ServiceImpl<t
 
   async function encodeItems(items: readonly MediaItem[], signal: AbortSignal, stored: bigint[]): Promise<JsonObject[]> {
     const entries: JsonObject[] = [];
-    for (const { modality, index, item } of items) {
+    for (const item of items) {
       signal.throwIfAborted();
-      const where = `${modality}[${index}]`;
-      switch (item.data.case) {
-        case "decoded":
-          entries.push(decodedEntry(modality, index, item.data.value));
-          break;
-        case "url":
-        case "rawUrl": {
-          const url = item.data.value;
-          const decoded = await media.decode({ url }, {}, signal).catch((error: unknown) => {
-            if (signal.aborted) throw error;
-            throw new BadMediaError(`${where}: ${messageOf(error)}`, { cause: error });
-          });
-          signal.throwIfAborted();
-          const kept = media.store(decoded);
-          stored.push(kept.handle);
-          const descriptor = plainJson(kept.descriptorJson);
-          entries.push({
-            modality,
-            index,
-            content_hash: (descriptor["content_hash"] as JsonValue | undefined) ?? null,
-            shape: [...decoded.tensorInfo.shape],
-            dtype: decoded.tensorInfo.dtype,
-            descriptor,
-          });
-          break;
-        }
-        default:
-          throw new BadMediaError(`${where}: the media item has no data`);
-      }
+      // One span per item (tracing on): its fetch, decode and hash are the media pipeline's spans under it.
+      const attributes = { "mmgate.media.modality": item.modality, "mmgate.media.index": item.index, "mmgate.media.source": item.item.data.case ?? "none" };
+      entries.push(await inSpan("encode.item", attributes, () => encodeItem(item, signal, stored)));
     }
     return entries;
+  }
+
+  async function encodeItem({ modality, index, item }: MediaItem, signal: AbortSignal, stored: bigint[]): Promise<JsonObject> {
+    const where = `${modality}[${index}]`;
+    switch (item.data.case) {
+      case "decoded":
+        return decodedEntry(modality, index, item.data.value);
+      case "url":
+      case "rawUrl": {
+        const url = item.data.value;
+        const decoded = await media.decode({ url }, {}, signal).catch((error: unknown) => {
+          if (signal.aborted) throw error;
+          throw new BadMediaError(`${where}: ${messageOf(error)}`, { cause: error });
+        });
+        signal.throwIfAborted();
+        const kept = media.store(decoded);
+        stored.push(kept.handle);
+        const descriptor = plainJson(kept.descriptorJson);
+        return {
+          modality,
+          index,
+          content_hash: (descriptor["content_hash"] as JsonValue | undefined) ?? null,
+          shape: [...decoded.tensorInfo.shape],
+          dtype: decoded.tensorInfo.dtype,
+          descriptor,
+        };
+      }
+      default:
+        throw new BadMediaError(`${where}: the media item has no data`);
+    }
   }
 
   async function* encode(req: EncodeRequest, ctx: HandlerContext): AsyncGenerator<EncodeResponse> {

@@ -5,6 +5,7 @@ import type { LookupFunction } from "node:net";
 import { Code } from "@connectrpc/connect";
 import { MediaError } from "./errors.js";
 import { blockedNetworkOf, checkUrlAllowed, ipLiteralOf, isDataUrl, type UrlPolicy } from "./url-policy.js";
+import { openHttpClientSpan, type HttpClientSpan } from "../telemetry/index.js";
 import { raceAbort } from "../util/index.js";
 
 export interface FetchPolicy extends UrlPolicy {
@@ -143,20 +144,22 @@ type Hop =
   | { readonly kind: "body"; readonly body: Uint8Array }
   | { readonly kind: "failed"; readonly status: number };
 
-function request(url: URL, addresses: readonly ResolvedAddress[] | null, policy: FetchPolicy, signal: AbortSignal): Promise<Hop> {
+function request(url: URL, addresses: readonly ResolvedAddress[] | null, policy: FetchPolicy, signal: AbortSignal, span?: HttpClientSpan): Promise<Hop> {
   return new Promise<Hop>((resolve, reject) => {
     const client = url.protocol === "https:" ? https : http;
     const req = client.request(
       url,
       {
         method: "GET",
-        headers: { "user-agent": policy.userAgent, accept: "*/*" },
+        // With tracing on, the client span's traceparent; nothing is added otherwise.
+        headers: { "user-agent": policy.userAgent, accept: "*/*", ...span?.headers },
         signal,
         agent: false,
         ...(addresses !== null ? { lookup: pinnedLookup(addresses) } : {}),
       },
       (res) => {
         const status = res.statusCode ?? 0;
+        span?.status(status);
         if (REDIRECT_STATUSES.has(status) && res.headers.location !== undefined) {
           res.resume();
           resolve({ kind: "redirect", location: res.headers.location });
@@ -230,7 +233,15 @@ export async function fetchMedia(url: string, policy: FetchPolicy, options: Fetc
       const host = parsed.hostname;
       const addresses = ipLiteralOf(host) === null ? await resolveChecked(host, policy, resolver, signal) : null;
       signal.throwIfAborted();
-      const hop = await request(parsed, addresses, policy, signal);
+      // One client span per HTTP request (tracing on); a redirect's request counts as a resend.
+      const span = openHttpClientSpan("GET", parsed, redirects > 0 ? { "http.request.resend_count": redirects } : undefined);
+      const hop = await request(parsed, addresses, policy, signal, span).then(
+        (answered) => (span?.end(), answered),
+        (error: unknown) => {
+          span?.end(error);
+          throw error;
+        },
+      );
       switch (hop.kind) {
         case "redirect":
           if (redirects >= policy.maxRedirects) {

@@ -6,6 +6,7 @@ import { decodeBmpPixels, readBmpHeader } from "./bmp.js";
 import { DECODABLE_FORMATS, guessImageFormat } from "./image-format.js";
 import type { ColorType, DecodedMedia, ImageFormat } from "./tensor.js";
 import { canonicalContentHash } from "./hash.js";
+import { inSpanSync } from "../telemetry/index.js";
 
 /** Server-side decoder limits; requests cannot change them. */
 export interface ImageDecoderLimits {
@@ -144,7 +145,7 @@ export async function decodeImage(
   return {
     data: pixels.data,
     tensorInfo: { shape, dtype: "UINT8", metadata: { Image: { format, color_type: colorType, layout: "HWC" } } },
-    contentHash: canonicalContentHash(shape, "UINT8", pixels.data),
+    contentHash: inSpanSync("media.hash", { "mmgate.media.tensor_bytes": pixels.data.length }, () => canonicalContentHash(shape, "UINT8", pixels.data)),
   };
 }
 

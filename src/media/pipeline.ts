@@ -1,3 +1,4 @@
+import { inSpan } from "../telemetry/index.js";
 import { Semaphore } from "../util/index.js";
 import { decoderLimits, fetchPolicy, videoDecoderConfig, type MediaConfig } from "./config.js";
 import { MediaAdmission, type MediaStage, type MediaStageLoad } from "./admission.js";
@@ -113,10 +114,14 @@ export function createMediaPipeline(options: MediaPipelineOptions): MediaPipelin
     signal: AbortSignal,
     video: VideoSampling & { hash?: boolean } = {},
   ) {
-    const bytes = await encodedBytes(source, signal);
+    // Spans (tracing on): the fetch (its HTTP requests are the fetcher's client spans) and the decode, each with its wait for a slot; the hash is the decoder's.
+    const bytes =
+      source.url === undefined ? await encodedBytes(source, signal) : await inSpan("media.fetch", { "mmgate.media.data_url": isDataUrl(source.url) }, () => encodedBytes(source, signal));
     // Videos share the decode slots and queue with images.
-    return decodes.run(signal, () =>
-      isVideoPayload(bytes) ? decodeVideo(bytes, videoConfig, { ...video, signal }) : decodeImage(bytes, limits, { ...imageOptions, signal }),
+    return inSpan("media.decode", { "mmgate.media.encoded_bytes": bytes.length }, () =>
+      decodes.run(signal, () =>
+        isVideoPayload(bytes) ? decodeVideo(bytes, videoConfig, { ...video, signal }) : decodeImage(bytes, limits, { ...imageOptions, signal }),
+      ),
     );
   }
 

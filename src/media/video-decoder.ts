@@ -8,6 +8,7 @@ import { availableParallelism } from "node:os";
 import { MediaError } from "./errors.js";
 import { firstStderrLine, parseRational, runTool, stageInput, type StagedInput, type ToolRun } from "./ffmpeg.js";
 import { contentHashForTensor } from "./hash.js";
+import { inSpanSync } from "../telemetry/index.js";
 import { guessImageFormat } from "./image-format.js";
 import { MAX_VIDEO_FRAMES, type DecodedMedia, type MediaTensorInfo, type VideoMetadata } from "./tensor.js";
 
@@ -449,7 +450,8 @@ export async function decodeVideo(bytes: Uint8Array, config: VideoDecoderConfig,
       frames_indices: indices,
     };
     const tensorInfo: MediaTensorInfo = { shape: [m, info.height, info.width, 3], dtype: "UINT8", metadata: { Video: metadata } };
-    return { data, tensorInfo, contentHash: options.hash === false ? null : contentHashForTensor(tensorInfo, data, true) };
+    const contentHash = options.hash === false ? null : inSpanSync("media.hash", { "mmgate.media.tensor_bytes": data.length }, () => contentHashForTensor(tensorInfo, data, true));
+    return { data, tensorInfo, contentHash };
   } finally {
     await input.close();
   }

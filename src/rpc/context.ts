@@ -1,6 +1,7 @@
 import { createContextKey, createContextValues } from "@connectrpc/connect";
 import type { ContextValues, HandlerContext } from "@connectrpc/connect";
 import { requestIdOf } from "../server/index.js";
+import { TRACE_CONTEXT_HEADERS } from "../telemetry/index.js";
 
 /**
  * What an outbound call carries over from the call that caused it. Passed
@@ -46,8 +47,13 @@ export function outboundContextValues(ctx: Pick<HandlerContext, "values" | "requ
   return withCallContext(callContextOf(ctx));
 }
 
-/** The context metadata every hop passes on: W3C trace context and baggage (x-request-id travels as the request id). */
-export const CONTEXT_HEADERS: readonly string[] = ["traceparent", "tracestate", "baggage"];
+/**
+ * The context metadata every hop passes on: W3C trace context and baggage
+ * (x-request-id travels as the request id). While tracing is on, the client
+ * span's own context replaces what was passed on (telemetry's client
+ * interceptor), so the next process's spans are its children.
+ */
+export const CONTEXT_HEADERS: readonly string[] = TRACE_CONTEXT_HEADERS;
 
 /** Headers that belong to one connection or to the protocol, never passed on whatever a config says. */
 const NEVER_PASSED_ON = /^(:|grpc-|content-|connect-|te$|host$|connection$|keep-alive$|proxy-|transfer-encoding$|upgrade$|trailer$|accept-encoding$|user-agent$|x-request-id$)/;

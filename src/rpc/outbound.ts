@@ -1,5 +1,6 @@
 import { Code, ConnectError } from "@connectrpc/connect";
 import type { Interceptor, Transport } from "@connectrpc/connect";
+import { clientTracingInterceptor, tracingEnabled } from "../telemetry/index.js";
 import { observeStream } from "../util/index.js";
 import { callContextKey } from "./context.js";
 
@@ -86,7 +87,13 @@ export function withDeadlines(inner: Transport, options: DeadlineOptions): Trans
   };
 }
 
-/** Client interceptors every outbound transport gets, outermost first: error metadata, `extra` (e.g. metrics), request id, `inner`. */
+/**
+ * Client interceptors every outbound transport gets, outermost first: error
+ * metadata, `extra` (e.g. metrics), request id, the client span while
+ * tracing is on (inside the request id's, so the span's trace context
+ * replaces one passed on from the inbound call; looked at once, when the
+ * transport is made), `inner`.
+ */
 export function outboundInterceptors(extra: readonly Interceptor[], inner: readonly Interceptor[] = []): Interceptor[] {
-  return [errorMetadataInterceptor, ...extra, requestIdInterceptor, ...inner];
+  return [errorMetadataInterceptor, ...extra, requestIdInterceptor, ...(tracingEnabled() ? [clientTracingInterceptor()] : []), ...inner];
 }

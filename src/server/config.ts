@@ -158,6 +158,29 @@ export const hostConfigSchema = z.strictObject({
       format: z.enum(["auto", "json", "pretty"]).default("auto"),
     })
     .prefault({}),
+  telemetry: z
+    .strictObject({
+      /**
+       * OpenTelemetry tracing (src/telemetry): spans exported over OTLP/HTTP.
+       * The standard OTEL_* variables win over these keys, and setting
+       * OTEL_EXPORTER_OTLP_ENDPOINT (or ..._TRACES_ENDPOINT) alone turns it on.
+       */
+      tracing: z
+        .strictObject({
+          /** Off by default; OTEL_SDK_DISABLED=true turns it off whatever is set. */
+          enabled: z.boolean().default(false),
+          /** The collector's OTLP/HTTP base URL, `/v1/traces` appended; "" is http://localhost:4318. */
+          endpoint: z.union([z.literal(""), z.url({ protocol: /^https?$/ })]).default(""),
+          /** OTLP encoding of the export requests. */
+          protocol: z.enum(["http/protobuf", "http/json"]).default("http/protobuf"),
+          /** service.name of the spans (OTEL_SERVICE_NAME wins). */
+          serviceName: z.string().min(1).default("mmgate"),
+          /** Share of new traces recorded, 0..1; a caller's sampled flag decides for its calls (OTEL_TRACES_SAMPLER wins). */
+          sampleRatio: z.number().min(0).max(1).default(1),
+        })
+        .prefault({}),
+    })
+    .prefault({}),
   shutdown: z
     .strictObject({
       /** How long server streams and unary calls get to finish after SIGTERM. */

@@ -32,6 +32,7 @@ import { Supervisor } from "./supervisor.js";
 import { addReflection, reflectionServices } from "./reflection.js";
 import { HostAllowList } from "./request-host.js";
 import { peerOf, RpcObserver, rpcRecordKey } from "./rpc-observer.js";
+import { serverTracingInterceptor, shutdownTracing, traceHttpRoute, tracingEnabled } from "../telemetry/index.js";
 
 export interface HostOptions {
   config: MmgateConfig;
@@ -448,6 +449,19 @@ export async function startHost(options: HostOptions): Promise<Host> {
     }),
   ];
   if (config.auth.token !== "") interceptors.push(bearerAuthInterceptor(config.auth.token));
+  // Looked at once: with tracing off nothing is added to any call's path.
+  const tracing = tracingEnabled();
+  if (tracing) {
+    // Outermost: the span sees the status the call interceptor mapped; the RPC log line names the span.
+    interceptors.unshift(
+      serverTracingInterceptor((span, values) => {
+        const record = values.get(rpcRecordKey);
+        if (record === undefined) return;
+        span.setAttribute("mmgate.request_id", record.requestId);
+        ({ traceId: record.traceId, spanId: record.spanId } = span.spanContext());
+      }),
+    );
+  }
   const served: { service: DescService; implementation: object; readMaxBytes?: number }[] = [
     ...bindings,
     { service: Health, implementation: healthService(health, drainController.signal) },
@@ -502,7 +516,7 @@ export async function startHost(options: HostOptions): Promise<Host> {
   const cors = new CorsPolicy(config.cors, tls);
   const httpMetrics = new HttpRequestMetrics(metrics.registry);
   const httpRoutes = new HttpRouteTable({
-    routes: built.filter((b) => b.served).flatMap((b) => [...(b.instance.httpRoutes ?? [])]),
+    routes: built.filter((b) => b.served).flatMap((b) => (b.instance.httpRoutes ?? []).map((route) => (tracing ? traceHttpRoute(route, tls) : route))),
     logger,
     metrics: httpMetrics,
     draining: () => drainController.signal.aborted,
@@ -667,6 +681,8 @@ export async function startHost(options: HostOptions): Promise<Host> {
       admin.closeAllConnections();
       await closeServer(admin);
     }
+    // The last spans (the drain's own calls included) go out before the process exits.
+    await shutdownTracing();
     logger.info("stopped");
     resolveClosed();
   }

@@ -29,6 +29,9 @@ export interface RpcRecord {
    * connection and per peer, paced writes).
    */
   readonly transport?: ServerHttp2Stream | Socket;
+  /** The call's server span, while tracing is on: its RPC log line names it. */
+  traceId?: string;
+  spanId?: string;
 }
 
 /** Records `error`'s status as the call's, unless one is recorded already. */
@@ -182,6 +185,8 @@ export class RpcObserver {
         peer: call.peer,
         // The message of a failed call, when the host learned it.
         error: code === 0 ? undefined : record.error,
+        trace_id: record.traceId,
+        span_id: record.spanId,
       },
       "rpc finished",
     );

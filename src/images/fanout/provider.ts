@@ -16,6 +16,7 @@ import { MAX_OUTPUTS_CEILING, validateRequest, type RequestLimits } from "../cor
 import { aggregateChunks, type ChunkResult } from "./aggregate.js";
 import { AcquireError, Semaphore, settleWithin, type Permit } from "../../util/index.js";
 import { planChunks, subrequestId, type ChunkSpec } from "./subrequest.js";
+import { inSpan } from "../../telemetry/index.js";
 
 export interface OutputFanoutConfig {
   /** The logical maximum output count advertised by the decorated provider. */
@@ -258,7 +259,13 @@ export class OutputFanoutProvider implements ImageProvider {
       if (chunk === undefined) return;
       launched += 1;
       const state: ChunkState = { dispatched: false, settled: false, abandoned: false, permit: undefined };
-      const result = this.executeChunk(state, chunk, request, context, batchSignal);
+      // A span per chunk (tracing on), failed when the chunk is; a chunk's result never rejects.
+      const attributes = { "mmgate.images.chunk.offset": chunk.offset, "mmgate.images.chunk.count": chunk.count };
+      const result = inSpan("images.chunk", attributes, async (span) => {
+        const ended = await this.executeChunk(state, chunk, request, context, batchSignal);
+        if (!ended.ok) span?.fail(ended.error, ended.error.code);
+        return ended;
+      });
       running.set(chunk.offset, { index, state, result });
       void result.then(onEnded);
     };

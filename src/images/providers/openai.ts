@@ -14,6 +14,7 @@ import {
 import type { OpenAiProviderConfig } from "../config.js";
 import { ImageError, type ErrorCode } from "../core/errors.js";
 import type { ImageProvider, ProviderContext } from "../core/provider.js";
+import { openHttpClientSpan, type HttpClientSpan } from "../../telemetry/index.js";
 
 const OPENAI_PROVIDER_VERSION = "1.0.0";
 const GENERATIONS_PATH = "/v1/images/generations";
@@ -276,12 +277,30 @@ export class OpenAiImageProvider implements ImageProvider {
     return body;
   }
 
+  private generationsUrl(): URL {
+    return new URL(GENERATIONS_PATH, this.config.baseUrl.endsWith("/") ? this.config.baseUrl : `${this.config.baseUrl}/`);
+  }
+
   async execute(request: ImageRequest, context: ProviderContext): Promise<ImageResponse> {
+    // The upstream call's client span (tracing on) lasts until its body is read and decoded.
+    const span = openHttpClientSpan("POST", this.generationsUrl(), { "mmgate.images.provider": this.config.name });
+    if (span === undefined) return this.call(request, context, undefined);
+    try {
+      const response = await span.run(() => this.call(request, context, span));
+      span.end();
+      return response;
+    } catch (error) {
+      span.end(error);
+      throw error;
+    }
+  }
+
+  private async call(request: ImageRequest, context: ProviderContext, span: HttpClientSpan | undefined): Promise<ImageResponse> {
     const started = performance.now();
     const key = this.apiKey();
     const stream = request.parameters.n === 1 && request.parameters.partialImages > 0 && context.events !== undefined;
     const signal = AbortSignal.any([context.signal, AbortSignal.timeout(this.config.requestTimeoutMs)]);
-    const url = new URL(GENERATIONS_PATH, this.config.baseUrl.endsWith("/") ? this.config.baseUrl : `${this.config.baseUrl}/`);
+    const url = this.generationsUrl();
     let response: Response;
     try {
       response = await fetch(url, {
@@ -291,6 +310,7 @@ export class OpenAiImageProvider implements ImageProvider {
           "content-type": "application/json",
           accept: stream ? "text/event-stream" : "application/json",
           "x-client-request-id": context.requestId.slice(0, 512),
+          ...span?.headers,
         },
         body: JSON.stringify(this.body(request, stream)),
         signal,
@@ -298,6 +318,7 @@ export class OpenAiImageProvider implements ImageProvider {
     } catch (error) {
       throw this.transportError(error, context);
     }
+    span?.status(response.status);
     if (!response.ok) {
       let parsed: unknown;
       try {

@@ -3,6 +3,7 @@ import { ImageError, toImageError, type ErrorCode } from "../core/errors.js";
 import type { ProviderEventSink } from "../core/provider.js";
 import { validationError } from "../core/validation.js";
 import type { ExecuteOptions, ImageRuntime, PreparedRequest } from "./runtime.js";
+import { inSpan } from "../../telemetry/index.js";
 
 /**
  * Provider fallback (`routing.fallbacks`): the primary route, then each
@@ -96,6 +97,10 @@ function attemptJson(attempt: ProviderAttempt): JsonValue {
   return out;
 }
 
+function attemptAttributes(provider: string, index: number): Record<string, string | number | boolean> {
+  return { "mmgate.images.provider": provider, "mmgate.images.attempt": index + 1, "mmgate.images.fallback": index > 0 };
+}
+
 /**
  * Runs the routes in order. With a streaming sink, a route that forwarded
  * any event is final: the caller has seen its progress, so another
@@ -107,7 +112,7 @@ export async function runRoutes(
   policy: FallbackPolicy,
   options: ExecuteOptions,
 ): Promise<ImageResponse> {
-  if (!routed.withFallbacks) return runtime.run(routed.primary, options);
+  if (!routed.withFallbacks) return inSpan("images.attempt", attemptAttributes(routed.primary.entry.name, 0), () => runtime.run(routed.primary, options));
   const attempts: ProviderAttempt[] = [];
   const deadline = routed.primary.deadline;
   for (let i = 0; i < routed.routes.length; i += 1) {
@@ -130,7 +135,8 @@ export async function runRoutes(
           };
     const started = performance.now();
     try {
-      const response = await runtime.run(prepared, { ...options, ...(events ? { events } : {}) });
+      // A span per provider call (tracing on): which route, which attempt, whether it is a fallback.
+      const response = await inSpan("images.attempt", attemptAttributes(prepared.entry.name, i), () => runtime.run(prepared, { ...options, ...(events ? { events } : {}) }));
       attempts.push({ ...route, outcome: "succeeded", durationMs: Math.round(performance.now() - started) });
       if (i > 0) {
         response.normalizations = [
