@@ -178,10 +178,11 @@ const ingestPoolName = (i: number) => `ingest${i}`;
 const relayConfig = {
   relay: {
     pools: [
-      { name: "boot", expectedBlocks: BOOT_EXPECTED },
+      // Each pool at an endpoint of its own: two pools of one model may not share one (DuplicateTopologyMember).
+      { name: "boot", expectedBlocks: BOOT_EXPECTED, endpoint: { component: "boot" } },
       // One delta per event, even for events that reach the relay in one turn: deliveries are matched to events.
-      { name: "fan", expectedBlocks: FAN_EXPECTED, publicationThreshold: 1, coalesceWithinTurn: false },
-      ...Array.from({ length: INGEST_POOLS }, (_, i) => ({ name: ingestPoolName(i), expectedBlocks: INGEST_EXPECTED })),
+      { name: "fan", expectedBlocks: FAN_EXPECTED, publicationThreshold: 1, coalesceWithinTurn: false, endpoint: { component: "fan" } },
+      ...Array.from({ length: INGEST_POOLS }, (_, i) => ({ name: ingestPoolName(i), expectedBlocks: INGEST_EXPECTED, endpoint: { component: ingestPoolName(i) } })),
     ],
     // Room for every subscriber of a round while the previous round's are still being released.
     maxPoolStreamsTotal: 4 * SUBSCRIBERS + 16,

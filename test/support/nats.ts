@@ -20,7 +20,7 @@ export interface NatsServer {
   halt(): Promise<void>;
   /** Starts nats-server again on the same port and waits until it accepts clients. */
   restart(): Promise<void>;
-  /** Kills the process and removes its config file. */
+  /** Kills the process and removes its config file (and its JetStream store). */
   stop(): Promise<void>;
 }
 
@@ -31,6 +31,11 @@ export interface NatsServerOptions {
   readonly config?: string;
   /** The port to listen on (another server's, after it halted); a free one by default. */
   readonly port?: number;
+  /**
+   * JetStream on (`-js`), its store in a temporary directory that outlives
+   * `halt` / `restart` (streams survive a server restart) and `stop` removes.
+   */
+  readonly jetstream?: boolean;
 }
 
 /** The nats-server executable: on PATH, or where Debian installs it; undefined when there is none. */
@@ -67,8 +72,13 @@ export async function startNats(options: NatsServerOptions = {}): Promise<NatsSe
   if (command === undefined) throw new Error("nats-server is not installed");
   const port = options.port ?? (await freePort());
   let configDir: string | undefined;
+  let storeDir: string | undefined;
   const args = ["--addr", "127.0.0.1", "--port", String(port)];
-  // No monitoring port, no JetStream: core NATS is all the source uses.
+  // No monitoring port; JetStream only when asked for: core NATS is all the core source uses.
+  if (options.jetstream === true) {
+    storeDir = mkdtempSync(join(tmpdir(), "mmgate-nats-js-"));
+    args.push("--jetstream", "--store_dir", storeDir);
+  }
   if (options.token !== undefined) args.push("--auth", options.token);
   if (options.config !== undefined) {
     configDir = mkdtempSync(join(tmpdir(), "mmgate-nats-"));
@@ -78,6 +88,7 @@ export async function startNats(options: NatsServerOptions = {}): Promise<NatsSe
   }
   const removeConfig = () => {
     if (configDir !== undefined) rmSync(configDir, { recursive: true, force: true });
+    if (storeDir !== undefined) rmSync(storeDir, { recursive: true, force: true });
   };
   let child: ChildProcess | undefined;
   let output = "";

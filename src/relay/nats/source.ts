@@ -18,6 +18,10 @@
  * arrive meanwhile wait, up to `maxPendingBytes` of them; one that would go
  * past it is dropped and counted (`backlogDropped`), as a NATS server drops
  * messages for a consumer that falls behind.
+ *
+ * With `jetstream` set, the source reads a JetStream stream through a
+ * durable consumer instead (./jetstream.ts): at least once, acked once
+ * applied, replayed from the stream's start when a relay process starts.
  */
 import type * as NatsModule from "nats";
 import type { ConnectionOptions, Msg, NatsConnection } from "nats";
@@ -34,24 +38,12 @@ import {
 } from "../../kv/index.js";
 import { hostPort } from "../../server/index.js";
 import { errorOf, MAX_TIMER_MS, registeredMetric, settleWithin, whenAborted, WorkSlicer } from "../../util/index.js";
+import { openSpan, SpanKind } from "../../telemetry/index.js";
+import { JetStreamIngest, jetStreamConfigSchema, type JetStreamStats } from "./jetstream.js";
+import { natsSubjectSchema } from "./subject.js";
 
 /** The default of `maxPendingBytes`: 64 MiB. */
 export const DEFAULT_MAX_PENDING_BYTES = 64 * 1024 * 1024;
-
-/** One token of a subject: no whitespace, no dot; `*` and `>` only as whole tokens. */
-const SUBJECT_TOKEN = /^(?:\*|>|[^\s.*>]+)$/;
-
-/** Why `subject` is not a NATS subject (wildcards allowed), or undefined when it is one. */
-function subjectProblem(subject: string): string | undefined {
-  if (subject === "") return "must not be empty";
-  const tokens = subject.split(".");
-  for (const [i, token] of tokens.entries()) {
-    if (token === "") return "must not have an empty token (a leading, trailing or doubled '.')";
-    if (!SUBJECT_TOKEN.test(token)) return `token ${JSON.stringify(token)} has whitespace, or a wildcard that is not a whole token`;
-    if (token === ">" && i !== tokens.length - 1) return "'>' may only be the last token";
-  }
-  return undefined;
-}
 
 /** Why `server` is neither `HOST:PORT` nor a `nats://` URL, or undefined when it is one. */
 function serverProblem(server: string): string | undefined {
@@ -85,12 +77,13 @@ export const natsSourceConfigSchema = z
       )
       .min(1)
       .default(["127.0.0.1:4222"]),
-    /** Subject the workers publish on; `*` (one token) and `>` (the rest) wildcards are allowed. */
-    subject: z.string().superRefine((subject, ctx) => {
-      const problem = subjectProblem(subject);
-      if (problem !== undefined) ctx.addIssue({ code: "custom", message: `not a NATS subject: ${problem}` });
-    }),
-    /** Queue group: relays in one group share the subject, each message going to one of them. Default: none. */
+    /**
+     * Subject the workers publish on; `*` (one token) and `>` (the rest)
+     * wildcards are allowed. With `jetstream`, the default subject of a
+     * created stream and of the consumer's filter.
+     */
+    subject: natsSubjectSchema,
+    /** Queue group: relays in one group share the subject, each message going to one of them. Default: none; core NATS only. */
     queue: z.string().regex(/^[^\s]+$/, "a queue group is non-empty and has no whitespace").optional(),
     /** Largest message accepted; a larger one is dropped as TOO_LARGE before it is decoded. */
     maxPayloadBytes: z.int().min(1).max(MAX_ROUTER_EVENT_JSON_BYTES).default(MAX_ROUTER_EVENT_JSON_BYTES),
@@ -98,6 +91,7 @@ export const natsSourceConfigSchema = z
      * Bytes of messages received and not yet applied (64 MiB, a NATS server's
      * default allowance for a slow consumer); a message that would go past it
      * is dropped and counted (`mmgate_relay_nats_backlog_dropped_total`).
+     * Core NATS only: a JetStream consumer is held back by `maxAckPending`.
      */
     maxPendingBytes: z.int().min(1).max(Number.MAX_SAFE_INTEGER).default(DEFAULT_MAX_PENDING_BYTES),
     /** Connection name the server shows in its monitoring. */
@@ -111,12 +105,17 @@ export const natsSourceConfigSchema = z
     /** User/password authentication; both or neither. */
     user: z.string().min(1).optional(),
     pass: z.string().min(1).optional(),
+    /** Read a JetStream stream (at least once, replayed on start) instead of subscribing to core NATS. Default: absent, core NATS. */
+    jetstream: jetStreamConfigSchema.optional(),
   })
   .superRefine((c, ctx) => {
     if ((c.user === undefined) !== (c.pass === undefined)) {
       ctx.addIssue({ code: "custom", path: [c.user === undefined ? "user" : "pass"], message: "user and pass go together" });
     }
     if (c.token !== undefined && c.user !== undefined) ctx.addIssue({ code: "custom", path: ["token"], message: "token and user/pass exclude each other" });
+    if (c.queue !== undefined && c.jetstream !== undefined) {
+      ctx.addIssue({ code: "custom", path: ["queue"], message: "a queue group is for core NATS: with jetstream, every relay reads the whole stream through a durable of its own" });
+    }
   });
 
 /** A NATS source's settings, every default applied. */
@@ -200,20 +199,29 @@ export interface NatsEventSourceStats {
   readonly backlogDropped: number;
   /** Bytes of messages received and not yet delivered. */
   readonly pendingBytes: number;
-  /** Whether a run is connected to a server now (from when the server has its subscription). */
+  /** Whether a run is connected to a server now (from when the server has its subscription, or its JetStream consumer). */
   readonly connected: boolean;
+  /** The JetStream consumer's counts; absent for a core NATS source. */
+  readonly jetstream?: JetStreamStats;
 }
 
 /**
  * A run's NATS connection failed for good: the first connection failed, the
  * server refused the credentials again after a reconnect, or it refused the
- * subscription.
+ * subscription (or, with JetStream, the stream or consumer: the cause is a
+ * JetStreamSourceError).
  */
 export class NatsSourceError extends Error {
   override readonly name = "NatsSourceError";
 }
 
 const REJECT_CODES: readonly RouterEventJsonErrorCode[] = ["TOO_LARGE", "NOT_JSON", "TOO_DEEP", "DUPLICATE_KEY", "TYPE", "MISSING", "RANGE", "FORMAT", "UNKNOWN_VARIANT"];
+
+/** What delivering reads of a message, core or JetStream. */
+interface ReceivedMessage {
+  readonly data: Uint8Array;
+  readonly subject: string;
+}
 
 /** How long a stop waits for the connection to drain before it closes it outright. */
 const DRAIN_TIMEOUT_MS = 2000;
@@ -290,8 +298,15 @@ export class NatsEventSource {
   };
   private connected = false;
   private running = false;
+  /** The JetStream consumer, when `jetstream` is set; its position and duplicate window outlive a run. */
+  private readonly jetstream: JetStreamIngest | undefined;
 
-  /** Validates `config` (throws a ZodError naming the field); connects only in `run`. */
+  /**
+   * Validates `config` (throws a ZodError naming the field); connects only in
+   * `run`. With `jetstream`, the sink is taken to start empty: the first run
+   * replays the stream from its start (`deliverPolicy: all`), later runs
+   * resume after the last message applied.
+   */
   constructor(config: NatsSourceConfigInput, sink: RouterEventSink, options: NatsEventSourceOptions = {}) {
     this.config = natsSourceConfigSchema.parse(config);
     this.sink = sink;
@@ -299,6 +314,26 @@ export class NatsEventSource {
     this.metrics = options.registry === undefined ? undefined : natsSourceMetrics(options.registry);
     this.slicer = options.slicer ?? new WorkSlicer();
     this.aroundMessage = options.aroundMessage;
+    const jetstream = this.config.jetstream;
+    this.jetstream =
+      jetstream === undefined
+        ? undefined
+        : new JetStreamIngest(
+            jetstream,
+            this.config.subject,
+            {
+              received: () => {
+                this.counts.messages++;
+                this.metrics?.messages.inc();
+              },
+              apply: (msg, admit) => this.deliver(msg, admit),
+              consuming: (on) => {
+                this.connected = on;
+              },
+              slicer: this.slicer,
+            },
+            { logger: this.logger, registry: options.registry },
+          );
   }
 
   stats(): NatsEventSourceStats {
@@ -310,6 +345,7 @@ export class NatsEventSource {
       backlogDropped: this.counts.backlogDropped,
       pendingBytes: this.pendingBytes,
       connected: this.connected,
+      ...(this.jetstream === undefined ? {} : { jetstream: this.jetstream.stats() }),
     };
   }
 
@@ -368,6 +404,7 @@ export class NatsEventSource {
     const nc = first.nc;
     const closed = nc.closed();
     void this.watchStatus(nc, nats);
+    if (this.jetstream !== undefined) return this.jetStreamSession(this.jetstream, nc, nats, closed, signal);
 
     let refuse: (error: Error) => void = () => undefined;
     const refused = new Promise<Error>((resolve) => (refuse = resolve));
@@ -406,6 +443,34 @@ export class NatsEventSource {
     throw new NatsSourceError(`NATS connection closed${reason === undefined ? "" : `: ${reason.message}`}`, { cause: reason });
   }
 
+  /** Reads the JetStream stream on `nc` until `signal` fires or the connection or the consumer fails for good. */
+  private async jetStreamSession(jetstream: JetStreamIngest, nc: NatsConnection, nats: typeof NatsModule, closed: Promise<void | Error>, signal: AbortSignal): Promise<void> {
+    const stopLoop = new AbortController();
+    const onAbort = () => stopLoop.abort();
+    signal.addEventListener("abort", onAbort, { once: true });
+    const loop = jetstream.run(nc, nats, stopLoop.signal).then(
+      () => ({ ended: undefined }),
+      (error: unknown) => ({ ended: errorOf(error) }),
+    );
+    const outcome = await Promise.race([closed.then((error) => ({ closed: error ?? undefined })), loop, whenAborted(signal, closed)]);
+    // The message being applied is applied and acked before the connection drains.
+    stopLoop.abort();
+    signal.removeEventListener("abort", onAbort);
+    await loop;
+    if (outcome === undefined || signal.aborted) {
+      await this.stop(nc);
+      return;
+    }
+    this.connected = false;
+    if ("ended" in outcome && !nc.isClosed()) {
+      await nc.close().catch(() => undefined);
+      const cause = outcome.ended ?? new Error("the consumer stopped");
+      throw new NatsSourceError(`NATS JetStream source (stream ${jetstream.config.stream}) failed: ${cause.message}`, { cause });
+    }
+    const reason = "closed" in outcome ? outcome.closed : (await closed) || undefined;
+    throw new NatsSourceError(`NATS connection closed${reason === undefined ? "" : `: ${reason.message}`}`, { cause: reason });
+  }
+
   /** Drains (unsubscribes, flushes, closes); closes outright when that takes too long, as it does while disconnected. */
   private async stop(nc: NatsConnection): Promise<void> {
     this.connected = false;
@@ -427,6 +492,8 @@ export class NatsEventSource {
             this.logger?.warn({ server: status.data }, "NATS disconnected; reconnecting");
             break;
           case nats.Events.Reconnect:
+            // Deliveries and acks in flight may be lost: a JetStream consumer starts over after the last applied message.
+            this.jetstream?.reconnected();
             // The client sends the subscription again on reconnecting; connected once the server has it.
             nc.flush().then(
               () => {
@@ -498,21 +565,27 @@ export class NatsEventSource {
     }
   }
 
-  /** One message's events to the sink, in order, in slices. */
-  private async deliver(msg: Msg): Promise<void> {
+  /**
+   * One message's events to the sink, in order, in slices; those `admit`
+   * turns down are left out. False when the message was rejected whole (too
+   * large, not router-event JSON).
+   */
+  private async deliver(msg: ReceivedMessage, admit?: (event: RouterEvent) => boolean): Promise<boolean> {
     let events: RouterEvent[];
     try {
       events = this.decode(msg.data);
     } catch (error) {
       this.reject(msg, error instanceof RouterEventJsonError ? error : new RouterEventJsonError("NOT_JSON", "$", errorOf(error).message));
-      return;
+      return false;
     }
     const slicer = this.slicer;
     // Decoding counts toward the slice: one step per event it read.
     if (slicer.due(events.length)) await slicer.yieldTurn();
     const release = this.aroundMessage?.();
+    const span = openSpan("relay.nats.batch", { "messaging.system": "nats", "messaging.destination.name": msg.subject, "messaging.batch.message_count": events.length }, SpanKind.CONSUMER);
     try {
       for (const event of events) {
+        if (admit !== undefined && !admit(event)) continue;
         this.counts.events++;
         this.metrics?.events.inc();
         try {
@@ -531,7 +604,9 @@ export class NatsEventSource {
       }
     } finally {
       release?.();
+      span?.end();
     }
+    return true;
   }
 
   /** The events of one message: one JSON object, or JSON lines. Throws RouterEventJsonError. */
@@ -555,7 +630,7 @@ export class NatsEventSource {
     return events;
   }
 
-  private reject(msg: Msg, error: RouterEventJsonError): void {
+  private reject(msg: ReceivedMessage, error: RouterEventJsonError): void {
     this.counts.rejected[error.code]++;
     this.metrics?.rejected.inc({ code: error.code });
     const held = this.rejectLog.take();

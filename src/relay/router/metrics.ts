@@ -7,13 +7,21 @@
  */
 import { Counter, Gauge, type Registry } from "prom-client";
 import type { RelayConsumerEvent } from "../consumer/index.js";
+import type { ServingStateName } from "./relay-state.js";
 import type { RouterPoolView } from "./router.js";
+
+/** The gauge's values: ServingReadinessState's numbers. */
+const SERVING_STATE_VALUE: Readonly<Record<ServingStateName, number>> = { UNKNOWN: 0, UNAVAILABLE: 1, READY: 2 };
 
 /** What the scrape-time gauges read. */
 export interface RouterGaugeSource {
   readonly relays: readonly string[];
   pools(): RouterPoolView[];
   connected(relay: string): boolean;
+  /** A pool's best serving readiness over its models, by its relay's readiness stream. */
+  servingState(view: RouterPoolView): ServingStateName;
+  /** Whether the relay's readiness or load stream is open. */
+  streamConnected(relay: string, stream: "readiness" | "load"): boolean;
   /** The clock of the views' lastFrameAt (ms). */
   now(): number;
 }
@@ -52,6 +60,20 @@ export class RouterMetrics {
     poolGauge("mmgate_router_pool_last_frame_age_seconds", "Seconds since the pool's last frame arrived (local clock); heartbeats keep it below the relay's heartbeat interval", (view, now) =>
       view.lastFrameAt === undefined ? undefined : Math.max(0, now - view.lastFrameAt) / 1000,
     );
+    poolGauge(
+      "mmgate_router_pool_serving_state",
+      "The pool's serving readiness as its relay reports it, best over the models it serves: 0 UNKNOWN, 1 UNAVAILABLE (left out of overlap answers), 2 READY",
+      (view) => SERVING_STATE_VALUE[source.servingState(view)],
+    );
+    new Gauge<"relay" | "stream">({
+      name: "mmgate_router_relay_stream_connected",
+      help: "1 while the relay's readiness or load stream is open, else 0",
+      labelNames: ["relay", "stream"],
+      registers: [registry],
+      collect() {
+        for (const relay of source.relays) for (const stream of ["readiness", "load"] as const) this.set({ relay, stream }, source.streamConnected(relay, stream) ? 1 : 0);
+      },
+    });
     new Gauge<"relay">({
       name: "mmgate_router_relay_connected",
       help: "1 while the relay's catalog stream is open, else 0",

@@ -7,13 +7,14 @@
  * without relays.
  */
 import { Code, ConnectError } from "@connectrpc/connect";
-import { OverlapService } from "../../../gen/mmgate/kvrouter/v1/kvrouter_pb.js";
+import { OverlapService, PoolReadiness } from "../../../gen/mmgate/kvrouter/v1/kvrouter_pb.js";
 import { KvHashError } from "../../kv/index.js";
 import { ChannelPool } from "../../rpc/index.js";
 import { bindService, ConfigError, defineModule } from "../../server/index.js";
 import type { RelayConsumerEvent } from "../consumer/index.js";
 import { routerConfigSchema } from "./config.js";
 import { RouterMetrics } from "./metrics.js";
+import type { RelayStateEvent } from "./relay-state.js";
 import { KvRouter, RouterError } from "./router.js";
 
 function routerErrorToConnect(error: unknown): ConnectError | undefined {
@@ -43,9 +44,40 @@ export const routerModule = defineModule({
     const catalogFailure = new Map<string, string>();
     /** Per relay, the catalog revision last logged (a catalog is resent unchanged on the relay's heartbeat). */
     const loggedRevision = new Map<string, bigint>();
+    // Ready while some pool has a ready mirror and is not reported UNAVAILABLE for every model it serves.
     const updateReadiness = () => {
-      const ready = router.readyPools() > 0;
+      const ready = router.routablePools() > 0;
       ctx.health.setReady(ready, ready ? undefined : "no KV pool of any relay is ready yet");
+    };
+    /** Per relay and stream, the failure last logged at warn. */
+    const stateFailure = new Map<string, string>();
+    /** Per relay, the readiness rejections last logged. */
+    const loggedRejections = new Map<string, string>();
+    const onStateEvent = (relay: string, event: RelayStateEvent) => {
+      switch (event.type) {
+        case "readiness": {
+          updateReadiness();
+          if (stateFailure.delete(`${relay}\0readiness`)) logger.info({ relay }, "relay readiness stream open");
+          const rejected = JSON.stringify(event.projection.rejected.map((r) => [r.key, r.code]));
+          if (event.projection.rejected.length > 0 && loggedRejections.get(relay) !== rejected) {
+            logger.warn({ relay, revision: String(event.projection.revision), rejected: event.projection.rejected }, "relay readiness entries refused by the contract's topology rules; their pools read UNKNOWN");
+          }
+          loggedRejections.set(relay, rejected);
+          return;
+        }
+        case "load":
+          stateFailure.delete(`${relay}\0load`);
+          return;
+        case "stream-error": {
+          if (event.stream === "readiness") updateReadiness();
+          const key = `${relay}\0${event.stream}`;
+          const text = `${event.error.reason}: ${event.error.message}`;
+          const level = stateFailure.get(key) === text ? "debug" : "warn";
+          stateFailure.set(key, text);
+          logger[level]({ relay, stream: event.stream, reason: event.error.reason, error: event.error.message, retryInMs: event.retryInMs }, `relay ${event.stream} stream failed`);
+          return;
+        }
+      }
     };
     const onEvent = (relay: string, event: RelayConsumerEvent) => {
       metrics.onEvent(relay, event);
@@ -91,11 +123,17 @@ export const routerModule = defineModule({
       backoff: config.backoff,
       onEvent,
       onConsumer: updateReadiness,
+      onStateEvent,
     });
     const metrics: RouterMetrics = new RouterMetrics(ctx.metrics, {
       relays: router.relays,
       pools: () => router.pools(),
       connected: (relay) => router.connected(relay),
+      servingState: (view) => router.servingState(view),
+      streamConnected: (relay, stream) => {
+        const state = router.relayState(relay);
+        return stream === "readiness" ? state?.readinessConnected === true : state?.loadConnected === true;
+      },
       now: Date.now,
     });
     ctx.health.setReady(false, "no KV pool of any relay is ready yet");
@@ -103,8 +141,9 @@ export const routerModule = defineModule({
       services: [
         bindService(OverlapService, {
           overlap(req) {
+            const routed = router.route(req.tokens, req.model);
             return {
-              pools: router.overlap(req.tokens, req.model).map((answer) => ({
+              pools: routed.pools.map((answer) => ({
                 relay: answer.relay,
                 dcId: answer.dcId,
                 endpoint: answer.endpoint,
@@ -113,6 +152,26 @@ export const routerModule = defineModule({
                 blockSize: answer.blockSize,
                 sequence: answer.sequence,
                 canonicalModelId: answer.canonicalModelId,
+                readiness: PoolReadiness[answer.readiness],
+                ...(answer.load === undefined
+                  ? {}
+                  : {
+                      load: {
+                        windowSequence: answer.load.windowSequence,
+                        kvUsedBlocks: answer.load.kvUsedBlocks,
+                        totalKvBlocks: answer.load.totalKvBlocks,
+                        kvObservedRanks: answer.load.kvObservedRanks,
+                        kvExpectedRanks: answer.load.kvExpectedRanks,
+                      },
+                    }),
+              })),
+              excluded: routed.excluded.map((pool) => ({
+                relay: pool.relay,
+                dcId: pool.dcId,
+                endpoint: pool.endpoint,
+                canonicalModelId: pool.canonicalModelId,
+                readiness: PoolReadiness[pool.readiness],
+                detail: pool.detail,
               })),
             };
           },

@@ -12,6 +12,7 @@ import { DEFAULT_MAX_QUEUED_BYTES, DEFAULT_MAX_QUEUED_FRAMES, MAX_FRAME_BYTES, M
 import { natsSourceConfigSchema } from "../nats/index.js";
 import { DEFAULT_SLICE_BUDGET } from "../../util/index.js";
 import { WORKER_ROLES } from "../wire/index.js";
+import { etcdDiscoverySchema } from "../../discovery/index.js";
 
 const U64_MAX = (1n << 64n) - 1n;
 
@@ -74,6 +75,47 @@ export const modelRegistrationSchema = z.strictObject({
 
 export type ModelRegistrationConfig = z.output<typeof modelRegistrationSchema>;
 
+/** The default of an etcd dial timeout (ms), as the encode hop's discovery has it. */
+export const DEFAULT_DISCOVERY_DIAL_TIMEOUT_MS = 5000;
+
+/** One segment of an etcd registration key: non-empty, no `/`. */
+const discoverySegment = z.string().regex(/^[^/]+$/, "must be non-empty and contain no /");
+const dialTimeoutMs = z.number().int().min(1).max(600_000);
+
+/**
+ * Where a pool's workers register (etcd, as an Encode worker registers:
+ * `/mmgate/<namespace>/<component>/<endpoint>/<instance id>`, a lease kept
+ * alive, a `{id, address, metadata}` value carrying its card). Readiness
+ * takes a pool's liveness from these registrations when discovery is
+ * configured, and from event recency (`workerLivenessMs`) when it is not.
+ */
+export const poolDiscoverySchema = z.strictObject({
+  /**
+   * "auto": etcd when an etcd cluster is named (here or in relay.discovery),
+   * else events; "etcd": registrations (an etcd cluster must be named);
+   * "events": event recency, even when relay.discovery is set.
+   */
+  source: z.enum(["auto", "etcd", "events"]).default("auto"),
+  /** Every key defaults: endpoints and dialTimeoutMs to relay.discovery.etcd's, the key segments to the pool's endpoint. */
+  etcd: z
+    .strictObject({
+      endpoints: etcdDiscoverySchema.shape.endpoints.optional(),
+      namespace: discoverySegment.optional(),
+      component: discoverySegment.optional(),
+      endpoint: discoverySegment.optional(),
+      dialTimeoutMs: dialTimeoutMs.optional(),
+    })
+    .optional(),
+});
+
+/** The etcd cluster the pools' workers register in, unless a pool names its own. */
+export const relayDiscoverySchema = z.strictObject({
+  etcd: z.strictObject({
+    endpoints: etcdDiscoverySchema.shape.endpoints,
+    dialTimeoutMs: dialTimeoutMs.default(DEFAULT_DISCOVERY_DIAL_TIMEOUT_MS),
+  }),
+});
+
 /** The pool name: what ingest, NATS and the CLI call it. */
 const poolName = z.string().regex(/^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$/, "1-63 letters, digits, '.', '_' or '-', starting with a letter or digit");
 
@@ -117,11 +159,17 @@ export const relayPoolConfigSchema = z.strictObject({
    * every subscriber.
    */
   coalesceWithinTurn: z.boolean().default(true),
-  /** Load reporting: the workers' KV capacity in blocks (0: unknown) and their rank count (0: what has been seen). */
+  /**
+   * Load reporting: the workers' KV capacity in blocks and the worker ranks
+   * expected to report (kv_expected_ranks); 0 is unknown for both and is
+   * sent as 0 (C.4), never replaced by what was seen.
+   */
   totalKvBlocks: u64Schema.default(0n),
   expectedRanks: z.number().int().min(0).max(0xffff_ffff).default(0),
   /** Also take this pool's events from NATS: router events as the reference's JSON on `subject`. */
   nats: natsSourceConfigSchema.optional(),
+  /** Where the pool's workers register, for readiness (see poolDiscoverySchema). */
+  discovery: poolDiscoverySchema.prefault({}),
 });
 
 export type RelayPoolConfig = z.output<typeof relayPoolConfigSchema>;
@@ -133,6 +181,8 @@ export const relayConfigSchema = z
     /** The datacenter id of the pools that do not set their own (DYN_DC_ID). */
     dcId: u64Schema.default(1n),
     pools: z.array(relayPoolConfigSchema).min(1).prefault([{ name: "default" }]),
+    /** The etcd cluster the pools' workers register in (each pool under its endpoint); absent: readiness from event recency. */
+    discovery: relayDiscoverySchema.optional(),
     /** The largest message either way (C.5); at least one largest CBI1 frame plus envelope. */
     maxMessageBytes: z.number().int().min(MIN_MAX_MESSAGE_BYTES).max(0x7fff_ffff).default(8 * 1024 * 1024),
     poolHeartbeatIntervalMs: timerMs.default(10_000),
@@ -191,9 +241,103 @@ export const relayConfigSchema = z
     ingestSliceMs: z.number().min(0.1).max(1_000).default(DEFAULT_SLICE_BUDGET.sliceMs),
     ingestSliceBlocks: z.number().int().min(1).max(16_777_216).default(DEFAULT_SLICE_BUDGET.sliceSteps),
   })
-  .refine((c) => new Set(c.pools.map((p) => p.name)).size === c.pools.length, { message: "pool names must be unique", path: ["pools"] });
+  .refine((c) => new Set(c.pools.map((p) => p.name)).size === c.pools.length, { message: "pool names must be unique", path: ["pools"] })
+  .superRefine((c, ctx) => {
+    for (const issue of topologyEndpointConflicts(c.pools)) ctx.addIssue({ code: "custom", path: ["pools", issue.index, "endpoint"], message: issue.message });
+    c.pools.forEach((pool, index) => {
+      const problem = poolDiscoveryProblem(c, pool);
+      if (problem !== undefined) ctx.addIssue({ code: "custom", path: ["pools", index, "discovery"], message: problem });
+    });
+  });
 
 export type RelayConfig = z.output<typeof relayConfigSchema>;
+
+/** A pool's serving endpoint as "namespace.component.endpoint". */
+function endpointText(pool: RelayPoolConfig): string {
+  const { namespace, component, endpoint } = pool.endpoint;
+  return `${namespace}.${component}.${endpoint}`;
+}
+
+/**
+ * The serving topology keys a pool takes part in: (its namespace, each base
+ * model it registers, its own or an adapter's `loraBase`). Adapters are
+ * nested under their base model's entry, never keys of their own.
+ */
+export function topologyKeysOf(pool: RelayPoolConfig): { readonly namespace: string; readonly model: string }[] {
+  const models = new Set(pool.models.map((m) => m.loraBase ?? m.model));
+  return [...models].map((model) => ({ namespace: pool.endpoint.namespace, model }));
+}
+
+/**
+ * Pools that would be two members with one endpoint in one topology entry,
+ * which the reference's validate_topology_entry rejects
+ * (DuplicateTopologyMember): one issue per later pool, naming both.
+ */
+export function topologyEndpointConflicts(pools: readonly RelayPoolConfig[]): { readonly index: number; readonly message: string }[] {
+  const seen = new Map<string, number>();
+  const issues: { index: number; message: string }[] = [];
+  pools.forEach((pool, index) => {
+    const reported = new Set<number>();
+    for (const key of topologyKeysOf(pool)) {
+      const id = `${endpointText(pool)}\0${key.model}`;
+      const first = seen.get(id);
+      if (first === undefined) {
+        seen.set(id, index);
+        continue;
+      }
+      if (reported.has(first)) continue;
+      reported.add(first);
+      issues.push({
+        index,
+        message:
+          `pools "${pools[first]!.name}" and "${pool.name}" both serve model ${JSON.stringify(key.model)} at endpoint ${endpointText(pool)}: ` +
+          "one (namespace, model) cannot list one endpoint twice (the reference rejects it as DuplicateTopologyMember); give each pool its own endpoint",
+      });
+    }
+  });
+  return issues;
+}
+
+/** Where a pool's workers register: an etcd cluster and the pool's key prefix segments. */
+export interface PoolDiscovery {
+  readonly endpoints: readonly string[];
+  readonly namespace: string;
+  readonly component: string;
+  readonly endpoint: string;
+  readonly dialTimeoutMs: number;
+}
+
+/**
+ * The pool's discovery with every default filled in (endpoints and dial
+ * timeout from relay.discovery.etcd, key segments from the pool's
+ * endpoint), or undefined when its readiness comes from event recency.
+ */
+export function poolDiscovery(relay: Pick<RelayConfig, "discovery">, pool: RelayPoolConfig): PoolDiscovery | undefined {
+  const own = pool.discovery.etcd;
+  const shared = relay.discovery?.etcd;
+  if (pool.discovery.source === "events") return undefined;
+  const endpoints = own?.endpoints ?? shared?.endpoints;
+  if (endpoints === undefined) return undefined;
+  return Object.freeze({
+    endpoints: Object.freeze([...endpoints]),
+    namespace: own?.namespace ?? pool.endpoint.namespace,
+    component: own?.component ?? pool.endpoint.component,
+    endpoint: own?.endpoint ?? pool.endpoint.endpoint,
+    dialTimeoutMs: own?.dialTimeoutMs ?? shared?.dialTimeoutMs ?? DEFAULT_DISCOVERY_DIAL_TIMEOUT_MS,
+  });
+}
+
+function poolDiscoveryProblem(relay: Pick<RelayConfig, "discovery">, pool: RelayPoolConfig): string | undefined {
+  const resolved = poolDiscovery(relay, pool);
+  if (resolved === undefined) {
+    return pool.discovery.source === "etcd" ? "source etcd needs etcd.endpoints here or in relay.discovery.etcd.endpoints" : undefined;
+  }
+  for (const part of ["namespace", "component", "endpoint"] as const) {
+    // Defaults come from the pool's endpoint, which may hold a "/" that no etcd key segment can.
+    if (resolved[part].includes("/")) return `etcd.${part}: "${resolved[part]}" (from the pool's endpoint) contains a /; set etcd.${part}`;
+  }
+  return undefined;
+}
 
 /** The reference's environment names (C.5, B.8), beside MMGATE_RELAY__*. */
 export const RELAY_ENV: Readonly<Record<string, string>> = Object.freeze({

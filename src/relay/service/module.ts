@@ -5,6 +5,7 @@
  * embedded defaults).
  */
 import { ConnectError } from "@connectrpc/connect";
+import { Counter, Gauge } from "prom-client";
 import { KvEventRelay } from "../../../gen/dynamo/kvrelay/v1/relay_pb.js";
 import { KvEventService } from "../../../gen/mmgate/kvevents/v1/kvevents_pb.js";
 import { Cbi1Service, DecodedRelayService } from "../../../gen/mmgate/kvrelay/v1/cbi1_pb.js";
@@ -12,6 +13,7 @@ import { Cbi1Error } from "../cbi1/index.js";
 import { cbi1ErrorToConnect, cbi1Service, decodedRelayService } from "../decoded/index.js";
 import { bindService, defineModule, type HostStatusOrigin } from "../../server/index.js";
 import { NatsEventSource } from "../nats/index.js";
+import { registeredMetric } from "../../util/index.js";
 import { RelayError, relayErrorCode, withRelayReason, type RelayErrorReasonName } from "../wire/index.js";
 import { RELAY_ENV, relayConfigSchema } from "./config.js";
 import { IngestError, ingestService, type IngestErrorCode } from "./ingest.js";
@@ -70,7 +72,7 @@ export const relayModule = defineModule({
   create(ctx) {
     // Read at scrape time and on events only, once `relay` exists.
     const metrics: RelayMetrics = new RelayMetrics(ctx.metrics, {
-      catalogPoolCount: () => relay.allPools().length,
+      catalogPoolCount: () => relay.catalogPoolCount(),
       hubCounts: () => relay.hubCounts(),
       topologyCounts: () => relay.topologyCounts(),
       degradedLoadPools: () => relay.degradedLoadPools(),
@@ -81,10 +83,54 @@ export const relayModule = defineModule({
         ctx.logger.error({ pool: pool.name, err: error }, "publication failed terminally; the pool moves to a new layout generation");
       },
       onDelta: (pool) => metrics.deltasPublished.inc({ pool: pool.name }),
+      onInvalidTopology: (entry, error) => {
+        invalidTopology.inc();
+        ctx.logger.error({ namespace: entry.namespace, model: entry.canonicalModelId, err: error }, "a serving topology entry fails the contract's topology rules; left out of readiness");
+      },
+      onLoadFailure: (error) => ctx.logger.error({ err: error }, "a load window could not be made; the open load streams end PUBLICATION_UNAVAILABLE"),
     });
     ctx.logger.info(
-      { pools: relay.allPools().map((p) => ({ name: p.name, buckets: p.producer.format.bucketCount, layoutGeneration: String(p.producer.layoutGeneration) })) },
+      {
+        pools: relay.allPools().map((p) => ({
+          name: p.name,
+          buckets: p.producer.format.bucketCount,
+          layoutGeneration: String(p.producer.layoutGeneration),
+          // Where readiness takes the pool's liveness from: its workers' registrations, or event recency.
+          liveness: relay.liveness(p).source,
+        })),
+      },
       "relay pools ready",
+    );
+    const invalidTopology = registeredMetric(
+      ctx.metrics,
+      "mmgate_relay_topology_entries_rejected_total",
+      Counter,
+      () =>
+        new Counter({
+          name: "mmgate_relay_topology_entries_rejected_total",
+          help: "Serving topology entries left out of a readiness update because they fail the contract's topology rules",
+          registers: [ctx.metrics],
+        }),
+    );
+    registeredMetric(
+      ctx.metrics,
+      "mmgate_relay_pool_live_workers",
+      Gauge,
+      () =>
+        new Gauge({
+          name: "mmgate_relay_pool_live_workers",
+          help: "Live workers of each pool as readiness counts them, by where liveness comes from (source: discovery, events)",
+          labelNames: ["pool", "source"],
+          registers: [ctx.metrics],
+          collect(this: Gauge) {
+            this.reset();
+            for (const pool of relay.allPools()) {
+              const view = relay.liveness(pool);
+              // No series while the view is not authoritative (UNKNOWN): 0 would read as "known dead".
+              if (view.authoritative) this.set({ pool: pool.name, source: view.source }, view.liveWorkers);
+            }
+          },
+        }),
     );
     const relayImpl = relayService({ relay, metrics, drainSignal: ctx.drainSignal });
     return {
@@ -99,6 +145,12 @@ export const relayModule = defineModule({
       exports: { relay } satisfies RelayModuleExports,
       start() {
         relay.start();
+        for (const watch of relay.discoveryWatches()) {
+          const logger = ctx.logger.child({ pool: watch.pool, etcdPrefix: watch.prefix });
+          logger.info({ endpoints: watch.discovery.endpoints }, "pool readiness follows its workers' etcd registrations");
+          // Until the prefix is read the pool's entries are UNKNOWN; a run that cannot reach etcd is restarted with backoff.
+          ctx.tasks.run(`relay discovery of pool ${watch.pool}`, (signal) => watch.run(signal, { logger, registry: ctx.metrics }));
+        }
         for (const pool of relay.allPools()) {
           const nats = pool.config.nats;
           if (nats === undefined) continue;

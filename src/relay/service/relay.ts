@@ -6,35 +6,52 @@
 import { randomBytes } from "node:crypto";
 import { samePoolId, type PoolId } from "../../kv/index.js";
 import { WorkSlicer } from "../../util/index.js";
-import type { PoolDescriptor, WorkerRoleName } from "../wire/index.js";
+import type { PoolDescriptor } from "../wire/index.js";
 import { RelayError } from "../wire/index.js";
 import { ChangeFeed } from "./change-feed.js";
-import type { RelayConfig } from "./config.js";
+import { poolDiscovery, type RelayConfig } from "./config.js";
+import { DiscoveryLiveness, type PoolLivenessView } from "./liveness.js";
 import { RelayPool } from "./pool.js";
+import { buildTopology, emittableTopology, type TopologyEntryValue } from "./topology.js";
+import type { TopologyEntry as WireTopologyEntry } from "../../../gen/dynamo/kvrelay/v1/relay_pb.js";
+
+export type { ReadinessState, TopologyEntryValue } from "./topology.js";
 
 export interface RelayIdentityValue {
   readonly drtInstanceId: bigint;
   readonly relayIncarnation: bigint;
 }
 
-export type ReadinessState = "UNKNOWN" | "UNAVAILABLE" | "READY";
-
-/** One (namespace, model) of the serving topology. */
-export interface TopologyEntryValue {
-  readonly namespace: string;
-  readonly canonicalModelId: string;
-  readonly state: ReadinessState;
-  readonly presentRoles: readonly WorkerRoleName[];
-  readonly missingRoles: readonly WorkerRoleName[];
-  readonly members: readonly { readonly pool: RelayPool; readonly roles: readonly WorkerRoleName[] }[];
+/**
+ * One revision of the catalog: the descriptors published then. A pool
+ * whose generation failed terminally is left out of one revision (withdrawn)
+ * before the next one lists its new generation.
+ */
+export interface CatalogRevision {
+  readonly revision: bigint;
+  readonly pools: readonly PoolDescriptor[];
 }
+
+/** Catalog revisions kept for streams that have not sent them yet; one further behind skips to the oldest kept (revisions may skip). */
+const CATALOG_HISTORY = 64;
 
 export interface LoadEntryValue {
   readonly descriptor: PoolDescriptor;
   readonly kvUsedBlocks: bigint;
   readonly totalKvBlocks: bigint;
   readonly kvObservedRanks: number;
+  /** The configured rank count; 0 when unknown (never the observed count). */
   readonly kvExpectedRanks: number;
+  /** Live workers as readiness counts them (registered, or with an event within workerLivenessMs); undefined while unknown. */
+  readonly liveWorkers: number | undefined;
+}
+
+/** One (namespace, canonical model) of the catalog in a load window. */
+export interface ModelLoadValue {
+  readonly namespace: string;
+  readonly canonicalModelId: string;
+  /** The window's pools that register the model. */
+  readonly servingPools: number;
 }
 
 export interface LoadWindow {
@@ -42,11 +59,16 @@ export interface LoadWindow {
   readonly observedMs: bigint;
   readonly windowMs: bigint;
   readonly pools: readonly LoadEntryValue[];
+  readonly models: readonly ModelLoadValue[];
 }
 
 export interface RelayHooks {
   onTerminalFailure?(pool: RelayPool, error: unknown): void;
   onDelta?(pool: RelayPool): void;
+  /** A topology entry failed the contract's topology rules and was left out of a readiness update. */
+  onInvalidTopology?(entry: TopologyEntryValue, error: unknown): void;
+  /** A load window could not be made: the load streams open then end PUBLICATION_UNAVAILABLE. */
+  onLoadFailure?(error: unknown): void;
 }
 
 const U64_MAX = (1n << 64n) - 1n;
@@ -69,6 +91,11 @@ export class Relay {
   /** Pools a subscriber has asked a hub of. */
   private readonly requested = new Set<string>();
   private revisionValue = 1n;
+  private readonly catalogRevisions: CatalogRevision[] = [];
+  /** Pools taken out of the catalog after a terminal failure, until their next generation is published. */
+  private readonly withdrawn = new Set<string>();
+  /** Pools whose liveness comes from their workers' registrations. */
+  private readonly discovery = new Map<string, DiscoveryLiveness>();
   private sweepTimer: ReturnType<typeof setInterval> | undefined;
   private lastReadiness = "";
   private loadSequence = 0n;
@@ -76,9 +103,15 @@ export class Relay {
   private readonly recentWindows: LoadWindow[] = [];
   private readonly loadWindows = new ChangeFeed();
   private loadTimer: ReturnType<typeof setInterval> | undefined;
+  /** Set by close(): every load stream ends PUBLICATION_UNAVAILABLE. */
+  private loadClosed = false;
+  /** The last window sequence before a window failed: streams that had not gone past it end PUBLICATION_UNAVAILABLE. */
+  private loadFailedThrough: bigint | undefined;
+  private readonly hooks: RelayHooks;
 
   constructor(config: RelayConfig, hooks: RelayHooks = {}) {
     this.config = config;
+    this.hooks = hooks;
     this.identity = Object.freeze({
       drtInstanceId: config.drtInstanceId ?? randomBytes(8).readBigUInt64LE(0),
       relayIncarnation: randomBytes(8).readBigUInt64LE(0),
@@ -98,18 +131,29 @@ export class Relay {
           subscriberIdleMs: config.snapshotProgressTimeoutMs,
         },
         now: () => performance.now(),
-        onChange: (_pool, what) => {
+        onChange: (changed, what) => {
           if (what === "generation") {
-            this.revisionValue += 1n;
-            this.catalog.bump();
+            this.withdrawn.delete(changed.name);
+            this.recordCatalog();
             this.readiness.bump();
           }
         },
-        onTerminalFailure: (p, error) => hooks.onTerminalFailure?.(p, error),
+        onTerminalFailure: (p, error) => {
+          // The fenced generation leaves the catalog before the pool rotates to the next one (the pool's next step).
+          this.withdrawn.add(p.name);
+          this.recordCatalog();
+          this.readiness.bump();
+          hooks.onTerminalFailure?.(p, error);
+        },
         onDelta: (p) => hooks.onDelta?.(p),
       });
       this.pools.set(pool.name, pool);
+      const discovery = poolDiscovery(config, poolConfig);
+      if (discovery !== undefined) {
+        this.discovery.set(pool.name, new DiscoveryLiveness({ pool: pool.name, roles: poolConfig.roles, discovery, onChange: () => this.noteReadiness() }));
+      }
     }
+    this.catalogRevisions.push(this.catalogNow());
   }
 
   /** Starts the hub idle sweep and the readiness watch. */
@@ -117,7 +161,7 @@ export class Relay {
     const every = Math.min(1_000, this.config.hubIdleEvictMs);
     this.sweepTimer ??= setInterval(() => this.sweep(), every);
     this.sweepTimer.unref();
-    this.loadTimer ??= setInterval(() => this.nextLoadWindow(), this.config.loadWindowMs);
+    this.loadTimer ??= setInterval(() => this.loadTick(), this.config.loadWindowMs);
     this.loadTimer.unref();
   }
 
@@ -126,12 +170,60 @@ export class Relay {
     this.sweepTimer = undefined;
     if (this.loadTimer !== undefined) clearInterval(this.loadTimer);
     this.loadTimer = undefined;
+    this.loadClosed = true;
+    this.loadWindows.bump();
     for (const pool of this.pools.values()) pool.close();
   }
 
   /** The catalog revision; it moves on every change and may skip values. */
   get revision(): bigint {
     return this.revisionValue;
+  }
+
+  /** The catalog now: every pool but those withdrawn after a terminal failure. */
+  private catalogNow(): CatalogRevision {
+    const pools = [...this.pools.values()].filter((pool) => !this.withdrawn.has(pool.name)).map((pool) => pool.descriptor);
+    return Object.freeze({ revision: this.revisionValue, pools: Object.freeze(pools) });
+  }
+
+  /** A catalog change: the next revision, kept for the streams, and the streams woken. */
+  private recordCatalog(): void {
+    this.revisionValue += 1n;
+    this.catalogRevisions.push(this.catalogNow());
+    if (this.catalogRevisions.length > CATALOG_HISTORY) this.catalogRevisions.shift();
+    this.catalog.bump();
+  }
+
+  /** The latest catalog revision. */
+  currentCatalog(): CatalogRevision {
+    return this.catalogRevisions.at(-1)!;
+  }
+
+  /**
+   * The revision a stream that sent `sent` sends next: the first kept one
+   * after it, so that a withdrawal followed at once by the next generation
+   * reaches every stream as two updates; undefined when there is none yet.
+   */
+  catalogAfter(sent: bigint): CatalogRevision | undefined {
+    return this.catalogRevisions.find((revision) => revision.revision > sent);
+  }
+
+  /** Pools the catalog lists now. */
+  catalogPoolCount(): number {
+    return this.pools.size - this.withdrawn.size;
+  }
+
+  /** Where readiness takes `pool`'s liveness from, and what it says now. */
+  liveness(pool: RelayPool): PoolLivenessView {
+    const discovery = this.discovery.get(pool.name);
+    if (discovery !== undefined) return discovery.view();
+    const live = pool.liveWorkers(this.config.workerLivenessMs);
+    return { source: "events", authoritative: pool.hasEventSource, liveWorkers: live, liveRoles: live > 0 ? pool.descriptor.poolRoles : [] };
+  }
+
+  /** The registration watches of the pools with discovery (the module runs each as a task). */
+  discoveryWatches(): readonly DiscoveryLiveness[] {
+    return [...this.discovery.values()];
   }
 
   pool(name: string): RelayPool | undefined {
@@ -174,48 +266,19 @@ export class Relay {
   }
 
   /**
-   * The serving topology as this relay knows it: one entry per (namespace,
-   * canonical model) over its pools. A pool counts as serving while some
-   * worker sent it an event within workerLivenessMs. UNKNOWN while no pool of
-   * the entry has received any event since start (nothing authoritative yet);
-   * READY when a serving pool covers every role the entry's pools declare;
-   * UNAVAILABLE otherwise.
+   * The serving topology as this relay knows it (topology.ts): one entry
+   * per (namespace, canonical base model) over the pools the catalog lists,
+   * adapters nested; liveness from each pool's workers' registrations when
+   * discovery is configured, else from event recency.
    */
   topology(): readonly TopologyEntryValue[] {
-    const groups = new Map<string, { namespace: string; model: string; pools: RelayPool[] }>();
-    for (const pool of this.pools.values()) {
-      const namespace = pool.descriptor.servingEndpoint.namespace;
-      for (const registration of pool.descriptor.registrations) {
-        const key = `${namespace}\0${registration.model}`;
-        let group = groups.get(key);
-        if (group === undefined) groups.set(key, (group = { namespace, model: registration.model, pools: [] }));
-        group.pools.push(pool);
-      }
-    }
-    const entries: TopologyEntryValue[] = [];
-    for (const group of [...groups.values()].sort((a, b) => (a.namespace === b.namespace ? cmp(a.model, b.model) : cmp(a.namespace, b.namespace)))) {
-      const declared = new Set<WorkerRoleName>();
-      const present = new Set<WorkerRoleName>();
-      let known = false;
-      for (const pool of group.pools) {
-        for (const role of pool.descriptor.poolRoles) declared.add(role);
-        if (pool.hasEventSource) known = true;
-        if (pool.liveWorkers(this.config.workerLivenessMs) > 0) for (const role of pool.descriptor.poolRoles) present.add(role);
-      }
-      const missing = [...declared].filter((role) => !present.has(role));
-      const state: ReadinessState = !known ? "UNKNOWN" : present.size > 0 && missing.length === 0 ? "READY" : "UNAVAILABLE";
-      entries.push(
-        Object.freeze({
-          namespace: group.namespace,
-          canonicalModelId: group.model,
-          state,
-          presentRoles: Object.freeze([...present]),
-          missingRoles: Object.freeze(missing),
-          members: Object.freeze(group.pools.map((pool) => Object.freeze({ pool, roles: pool.descriptor.poolRoles }))),
-        }),
-      );
-    }
-    return entries;
+    const pools = [...this.pools.values()].filter((pool) => !this.withdrawn.has(pool.name));
+    return buildTopology(pools.map((pool) => ({ pool, liveness: this.liveness(pool) })));
+  }
+
+  /** The topology as the readiness stream sends it: every entry that passes the contract's topology rules (the others go to onInvalidTopology). */
+  readinessEntries(): WireTopologyEntry[] {
+    return emittableTopology(this.topology(), (entry, error) => this.hooks.onInvalidTopology?.(entry, error));
   }
 
   topologyCounts(): { ready: number; unavailable: number; unknown: number } {
@@ -230,23 +293,45 @@ export class Relay {
 
   /**
    * The next load window: every pool's occupancy (distinct blocks held,
-   * the configured KV capacity or 0 when unknown) and rank coverage (ranks
-   * seen; expected is the configured count, or what was seen when unset).
+   * the configured KV capacity or 0 when unknown), rank coverage (ranks
+   * seen; expected is the configured count, 0 when unknown: C.4 encodes
+   * unknown as 0, and the observed count would hide a missing rank) and live
+   * workers (readiness's liveness, when it is a fact); every (namespace,
+   * model) of the catalog with its pools. Over the pools the catalog lists.
    */
   nextLoadWindow(): LoadWindow {
     this.loadSequence = this.loadSequence === U64_MAX ? U64_MAX : this.loadSequence + 1n;
-    const pools = [...this.pools.values()].map((pool): LoadEntryValue => {
+    const models = new Map<string, { namespace: string; canonicalModelId: string; servingPools: number }>();
+    const listed = [...this.pools.values()].filter((pool) => !this.withdrawn.has(pool.name));
+    const pools = listed.map((pool): LoadEntryValue => {
       const occupancy = pool.occupancy();
-      const observed = Math.min(occupancy.ranks, 0xffff_ffff);
+      const namespace = pool.descriptor.servingEndpoint.namespace;
+      for (const registration of pool.descriptor.registrations) {
+        const key = `${namespace}\0${registration.model}`;
+        const model = models.get(key);
+        if (model === undefined) models.set(key, { namespace, canonicalModelId: registration.model, servingPools: 1 });
+        else model.servingPools += 1;
+      }
+      const liveness = this.liveness(pool);
       return Object.freeze({
         descriptor: pool.descriptor,
         kvUsedBlocks: BigInt(occupancy.uniqueBlocks),
         totalKvBlocks: pool.config.totalKvBlocks,
-        kvObservedRanks: observed,
-        kvExpectedRanks: pool.config.expectedRanks === 0 ? observed : pool.config.expectedRanks,
+        kvObservedRanks: Math.min(occupancy.ranks, 0xffff_ffff),
+        kvExpectedRanks: pool.config.expectedRanks,
+        liveWorkers: liveness.authoritative ? Math.min(liveness.liveWorkers, 0xffff_ffff) : undefined,
       });
     });
-    const window: LoadWindow = Object.freeze({ windowSequence: this.loadSequence, observedMs: BigInt(Date.now()), windowMs: BigInt(this.config.loadWindowMs), pools: Object.freeze(pools) });
+    const modelList = [...models.values()]
+      .sort((a, b) => (a.namespace === b.namespace ? cmp(a.canonicalModelId, b.canonicalModelId) : cmp(a.namespace, b.namespace)))
+      .map((model) => Object.freeze(model));
+    const window: LoadWindow = Object.freeze({
+      windowSequence: this.loadSequence,
+      observedMs: BigInt(Date.now()),
+      windowMs: BigInt(this.config.loadWindowMs),
+      pools: Object.freeze(pools),
+      models: Object.freeze(modelList),
+    });
     this.lastWindow = window;
     this.recentWindows.push(window);
     if (this.recentWindows.length > this.config.loadFanoutCapacity) this.recentWindows.shift();
@@ -254,18 +339,52 @@ export class Relay {
     return window;
   }
 
-  /** The latest load window, made now when there is none yet. */
+  /** The latest load window, made now when there is none yet; PUBLICATION_UNAVAILABLE once closed or when it cannot be made. */
   currentLoadWindow(): LoadWindow {
-    return this.lastWindow ?? this.nextLoadWindow();
+    if (this.loadClosed) throw loadClosedError();
+    if (this.lastWindow !== undefined) return this.lastWindow;
+    try {
+      return this.nextLoadWindow();
+    } catch (error) {
+      this.failLoad(error);
+      throw new RelayError("PUBLICATION_UNAVAILABLE", "the relay could not make a load window; reopen the stream", { cause: error });
+    }
+  }
+
+  /** The timer's window (every loadWindowMs); a failure ends the open load streams instead of escaping the timer. */
+  loadTick(): void {
+    try {
+      this.nextLoadWindow();
+    } catch (error) {
+      this.failLoad(error);
+    }
+  }
+
+  /**
+   * A window could not be made: the load publication so far is closed (its
+   * streams end PUBLICATION_UNAVAILABLE and reopen) and the next tick starts
+   * anew, at a later sequence.
+   */
+  private failLoad(error: unknown): void {
+    this.loadFailedThrough = this.loadSequence;
+    this.lastWindow = undefined;
+    this.recentWindows.length = 0;
+    this.hooks.onLoadFailure?.(error);
+    this.loadWindows.bump();
   }
 
   /**
    * The window after `sent`, waiting for it. The relay keeps the last
    * loadFanoutCapacity windows; a subscriber whose next window has already
-   * left them has lagged (SUBSCRIBER_LAGGED). Resolves undefined when `signal` fires.
+   * left them has lagged (SUBSCRIBER_LAGGED). Resolves undefined when `signal` fires;
+   * PUBLICATION_UNAVAILABLE once the relay closed, or when a window failed after `sent`.
    */
   async loadWindowAfter(sent: bigint, signal: AbortSignal): Promise<LoadWindow | undefined> {
     for (;;) {
+      if (this.loadClosed) throw loadClosedError();
+      if (this.loadFailedThrough !== undefined && sent <= this.loadFailedThrough) {
+        throw new RelayError("PUBLICATION_UNAVAILABLE", "the relay's load publication failed; reopen the stream");
+      }
       const oldest = this.recentWindows[0];
       if (oldest !== undefined && oldest.windowSequence > sent + 1n) {
         throw new RelayError("SUBSCRIBER_LAGGED", `the load subscriber missed windows ${sent + 1n}..${oldest.windowSequence - 1n}; reopen the stream`);
@@ -290,14 +409,30 @@ export class Relay {
 
   /** Wakes readiness streams when the projection changed. */
   noteReadiness(): void {
-    const digest = this.topology()
-      .map((e) => `${e.namespace}\0${e.canonicalModelId}\0${e.state}\0${e.presentRoles.join(",")}`)
-      .join("\n");
+    // What the wire carries of each entry, so that any change of it wakes the streams.
+    const digest = JSON.stringify(
+      this.topology().map((e) => [
+        e.namespace,
+        e.canonicalModelId,
+        e.state,
+        e.presentRoles,
+        e.missingRoles,
+        e.members.map((m) => m.pool.name),
+        e.duplicateRoleEndpoints,
+        e.legacyFallbackActive,
+        e.adapters,
+      ]),
+    );
     if (digest !== this.lastReadiness) {
       this.lastReadiness = digest;
       this.readiness.bump();
     }
   }
+}
+
+/** C.4: a load stream the relay closed ends PUBLICATION_UNAVAILABLE (reconnect, to another relay). */
+function loadClosedError(): RelayError {
+  return new RelayError("PUBLICATION_UNAVAILABLE", "the relay closed its load publication; reconnect");
 }
 
 function cmp(a: string, b: string): number {

@@ -11,13 +11,15 @@ import type { HandlerContext, ServiceImpl } from "@connectrpc/connect";
 import type {
   KvEventRelay} from "../../../gen/dynamo/kvrelay/v1/relay_pb.js";
 import {
+  DataStatus,
   FilterUpdateKind,
   FilterUpdateSchema,
   KvPoolCatalogUpdateSchema,
   KvPoolLoadUpdateSchema,
+  LoadViewSchema,
   RelayIdentitySchema,
   RelayInfoSchema,
-  ServingReadinessState,
+  ServingLoadUpdateSchema,
   ServingReadinessUpdateSchema,
   type FilterUpdate,
   type ProducerIdentity as WireProducer,
@@ -26,24 +28,22 @@ import {
 import { sameProducerIdentity, type ProducerIdentity } from "../../kv/index.js";
 import { callTransportOf, pacedWritesOf, type PacedWrites } from "../../server/index.js";
 import { linkSignals, Semaphore, type LinkedSignal } from "../../util/index.js";
+import { openSpan } from "../../telemetry/index.js";
 import { encodeSnapshot } from "../frames.js";
 import { HubError, type HubSubscriber, type PublicationFrame, type SubscriberEndReason, type SubscriberRead } from "../hub/index.js";
 import {
   checkContractMarker,
   checkSubscriberId,
   descriptorToWire,
-  endpointToWire,
-  poolIdToWire,
   producerFromWire,
   producerToWire,
   RELAY_CONTRACT_MARKER,
   RELAY_PROTOCOL_VERSION,
   RelayError,
-  roleToWire,
 } from "../wire/index.js";
 import type { LimitScope, RelayMetrics, RelayStream } from "./metrics.js";
 import type { RelayPool } from "./pool.js";
-import type { Relay } from "./relay.js";
+import type { CatalogRevision, LoadWindow, Relay } from "./relay.js";
 
 type FilterUpdateInit = MessageInitShape<typeof FilterUpdateSchema>;
 
@@ -306,6 +306,42 @@ export function relayService(options: RelayServiceOptions): Partial<ServiceImpl<
   /** Ends when the call is cancelled or the server drains; disposed when the call ends. */
   const stopSignal = (ctx: HandlerContext): LinkedSignal => linkSignals([ctx.signal, drainSignal]);
 
+  // mmgate has no request or token data: every serving-load view says so (UNAVAILABLE, empty stats).
+  const unavailableLoad = create(LoadViewSchema, { requests: {}, tokens: {}, status: DataStatus.UNAVAILABLE });
+
+  /**
+   * The windows of a load stream (both load RPCs, C.4): the current one, then
+   * every later one in order. A subscriber that fell behind the kept windows
+   * ends SUBSCRIBER_LAGGED, counted as lagged{stream="load"}; a stream the
+   * relay closes (the drain, the relay's close, a window that could not be
+   * made) ends PUBLICATION_UNAVAILABLE, so the client reconnects; the client's
+   * own cancel ends it quietly.
+   */
+  async function* loadWindows(ctx: HandlerContext): AsyncGenerator<LoadWindow> {
+    const link = stopSignal(ctx);
+    try {
+      let window = relay.currentLoadWindow();
+      for (;;) {
+        yield window;
+        let next: LoadWindow | undefined;
+        try {
+          next = await relay.loadWindowAfter(window.windowSequence, link.signal);
+        } catch (error) {
+          if (error instanceof RelayError && error.reason === "SUBSCRIBER_LAGGED") metrics.lagged.inc({ stream: "load" });
+          throw error;
+        }
+        if (next === undefined) {
+          if (ctx.signal.aborted) return;
+          throw new RelayError("PUBLICATION_UNAVAILABLE", "the relay is shutting down; reconnect, to another relay");
+        }
+        metrics.loadUpdates.inc();
+        window = next;
+      }
+    } finally {
+      link.dispose();
+    }
+  }
+
   function endError(reason: SubscriberEndReason, pool: RelayPool, expected: ProducerIdentity, during: "snapshot" | "stream"): RelayError | undefined {
     switch (reason) {
       case "lagged":
@@ -373,6 +409,7 @@ export function relayService(options: RelayServiceOptions): Partial<ServiceImpl<
     const frames = encodeSnapshot(snapshot);
     const wireProducer = producerToWire(expected);
     const handover = new HandoverWaits(paced, subscriber, stop, config.snapshotProgressTimeoutMs);
+    const bootstrap = openSpan("relay.bootstrap", { "mmgate.relay.pool_id": String(expected.poolId), "mmgate.relay.snapshot.sequence": String(snapshot.sequence), "mmgate.relay.snapshot.chunks": frames.count });
     let waits: PoolStreamWaits | undefined;
     try {
       for (let i = 0; i < frames.count; i++) {
@@ -414,6 +451,8 @@ export function relayService(options: RelayServiceOptions): Partial<ServiceImpl<
         }
       }
       subscriber.releaseSnapshot();
+      // The lag the bootstrap left: deltas queued behind the snapshot.
+      bootstrap?.set("mmgate.relay.lag_frames", subscriber.queuedFrames).set("mmgate.relay.lag_bytes", subscriber.queuedBytes).end();
       let current = snapshot.sequence;
       // Frames carry the hub's identity object: compared field by field once, then by reference.
       let checked: ProducerIdentity | undefined;
@@ -463,6 +502,7 @@ export function relayService(options: RelayServiceOptions): Partial<ServiceImpl<
         waits.sent();
       }
     } finally {
+      bootstrap?.set("mmgate.relay.bootstrap.interrupted", true).end();
       waits?.dispose();
       handover.dispose();
     }
@@ -481,15 +521,20 @@ export function relayService(options: RelayServiceOptions): Partial<ServiceImpl<
       const link = stopSignal(ctx);
       const stop = link.signal;
       try {
+        // Every kept revision after the last one sent, in order (a withdrawal is never folded into the republication that follows it); the last again on the heartbeat.
+        let sent: CatalogRevision | undefined;
         for (;;) {
           const seen = relay.catalog.version;
+          const next: CatalogRevision = sent === undefined ? relay.currentCatalog() : (relay.catalogAfter(sent.revision) ?? sent);
           yield create(KvPoolCatalogUpdateSchema, {
             protocolVersion: RELAY_PROTOCOL_VERSION,
             relay: relayIdentityMessage,
-            revision: relay.revision,
-            snapshot: { pools: relay.allPools().map((pool) => descriptorToWire(pool.descriptor)) },
+            revision: next.revision,
+            snapshot: { pools: next.pools.map(descriptorToWire) },
             contractMarker: RELAY_CONTRACT_MARKER,
           });
+          sent = next;
+          if (relay.catalogAfter(sent.revision) !== undefined) continue;
           await relay.catalog.waitPast(seen, config.catalogHeartbeatIntervalMs, stop);
           if (stop.aborted) return;
         }
@@ -554,18 +599,8 @@ export function relayService(options: RelayServiceOptions): Partial<ServiceImpl<
             protocolVersion: RELAY_PROTOCOL_VERSION,
             relay: relayIdentityMessage,
             revision: seen,
-            entries: relay.topology().map((entry) => ({
-              namespace: entry.namespace,
-              canonicalModelId: entry.canonicalModelId,
-              state: ServingReadinessState[entry.state],
-              presentRoles: entry.presentRoles.map(roleToWire),
-              missingRoles: entry.missingRoles.map(roleToWire),
-              members: entry.members.map((member) => ({
-                endpoint: endpointToWire(member.pool.descriptor.servingEndpoint),
-                roles: member.roles.map(roleToWire),
-                poolId: poolIdToWire(member.pool.producer.poolId),
-              })),
-            })),
+            // Each entry checked by the contract's topology rules (topology.ts); one the reference would reject is never sent.
+            entries: relay.readinessEntries(),
             contractMarker: RELAY_CONTRACT_MARKER,
           });
           // A change or the heartbeat tick: either way the current projection goes out again.
@@ -582,11 +617,8 @@ export function relayService(options: RelayServiceOptions): Partial<ServiceImpl<
       checkContractMarker(req.contractMarker);
       checkSubscriberId(req.subscriberId);
       const release = admit("load");
-      const link = stopSignal(ctx);
-      const stop = link.signal;
       try {
-        let window = relay.currentLoadWindow();
-        for (;;) {
+        for await (const window of loadWindows(ctx)) {
           yield create(KvPoolLoadUpdateSchema, {
             protocolVersion: RELAY_PROTOCOL_VERSION,
             relay: relayIdentityMessage,
@@ -602,14 +634,43 @@ export function relayService(options: RelayServiceOptions): Partial<ServiceImpl<
             })),
             contractMarker: RELAY_CONTRACT_MARKER,
           });
-          const next = await relay.loadWindowAfter(window.windowSequence, stop);
-          if (next === undefined) return;
-          metrics.loadUpdates.inc();
-          window = next;
         }
       } finally {
         release();
-        link.dispose();
+      }
+    },
+
+    async *subscribeServingLoad(req, ctx) {
+      checkContractMarker(req.contractMarker);
+      checkSubscriberId(req.subscriberId);
+      // The same stream kind as SubscribeKvPoolLoad: one limit, one gauge, one lag counter.
+      const release = admit("load");
+      try {
+        for await (const window of loadWindows(ctx)) {
+          yield create(ServingLoadUpdateSchema, {
+            protocolVersion: RELAY_PROTOCOL_VERSION,
+            relay: relayIdentityMessage,
+            windowSequence: window.windowSequence,
+            observedMs: window.observedMs,
+            windowMs: window.windowMs,
+            pools: window.pools.map((entry) => ({
+              producer: producerToWire(entry.descriptor.producer),
+              load: unavailableLoad,
+              // Unset when unknown; max_concurrency is never known here.
+              deployment: entry.liveWorkers === undefined ? {} : { liveWorkers: entry.liveWorkers },
+            })),
+            models: window.models.map((model) => ({
+              namespace: model.namespace,
+              canonicalModelId: model.canonicalModelId,
+              load: unavailableLoad,
+              // Frontends are not something the relay sees: 0 (unknown).
+              deployment: { servingPools: model.servingPools },
+            })),
+            contractMarker: RELAY_CONTRACT_MARKER,
+          });
+        }
+      } finally {
+        release();
       }
     },
   };

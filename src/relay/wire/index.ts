@@ -26,3 +26,4 @@ export {
   type PoolDescriptor,
   type WorkerRoleName,
 } from "./identity.js";
+export { TOPOLOGY_ERROR_CODES, TopologyError, validateTopologyEntry, type TopologyErrorCode } from "./topology.js";

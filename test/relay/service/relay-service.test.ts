@@ -240,7 +240,7 @@ describe("relay service (KvEventRelay over the network)", function () {
   describe("ingest", () => {
     let server: RelayServer;
     before(async () => {
-      server = await startRelay({ pools: [{ name: "default", expectedBlocks: 1024 }, { name: "other", expectedBlocks: 64 }] });
+      server = await startRelay({ pools: [{ name: "default", expectedBlocks: 1024 }, { name: "other", expectedBlocks: 64, endpoint: { component: "other" } }] });
     });
     after(() => server.close());
 

@@ -30,7 +30,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file dynamo/kvrelay/v1/relay.proto.
  */
 export const file_dynamo_kvrelay_v1_relay: GenFile = /*@__PURE__*/
-  fileDesc("Ch1keW5hbW8va3ZyZWxheS92MS9yZWxheS5wcm90bxIRZHluYW1vLmt2cmVsYXkudjEiQwoNUmVsYXlJZGVudGl0eRIXCg9kcnRfaW5zdGFuY2VfaWQYASABKAYSGQoRcmVsYXlfaW5jYXJuYXRpb24YAiABKAYiUwoORGlnZXN0SWRlbnRpdHkSDgoGZGlnZXN0GAEgASgMEjEKBnNvdXJjZRgCIAEoDjIhLmR5bmFtby5rdnJlbGF5LnYxLklkZW50aXR5U291cmNlIocBCg9JbmRleGVyRG9tYWluSWQSOgoPY2FjaGVfc2VtYW50aWNzGAEgASgLMiEuZHluYW1vLmt2cmVsYXkudjEuRGlnZXN0SWRlbnRpdHkSOAoNcm91dGluZ19zY29wZRgCIAEoCzIhLmR5bmFtby5rdnJlbGF5LnYxLkRpZ2VzdElkZW50aXR5Im8KCEt2UG9vbElkEhgKEGlkZW50aXR5X3ZlcnNpb24YASABKA0SOgoOaW5kZXhlcl9kb21haW4YAiABKAsyIi5keW5hbW8ua3ZyZWxheS52MS5JbmRleGVyRG9tYWluSWQSDQoFZGNfaWQYAyABKAYiewoJQ2tmRm9ybWF0EhYKDmZvcm1hdF92ZXJzaW9uGAEgASgNEgwKBHNlZWQYAiABKAYSFAoMYnVja2V0X2NvdW50GAMgASgEEhgKEGZpbmdlcnByaW50X2JpdHMYBCABKA0SGAoQc2xvdHNfcGVyX2J1Y2tldBgFIAEoDSKrAQoQUHJvZHVjZXJJZGVudGl0eRIsCgdwb29sX2lkGAEgASgLMhsuZHluYW1vLmt2cmVsYXkudjEuS3ZQb29sSWQSHAoUcHJvZHVjZXJfaW5jYXJuYXRpb24YAiABKAYSGQoRbGF5b3V0X2dlbmVyYXRpb24YAyABKAQSMAoKY2tmX2Zvcm1hdBgEIAEoCzIcLmR5bmFtby5rdnJlbGF5LnYxLkNrZkZvcm1hdCJKChBEeW5hbW9FbmRwb2ludElkEhEKCW5hbWVzcGFjZRgBIAEoCRIRCgljb21wb25lbnQYAiABKAkSEAoIZW5kcG9pbnQYAyABKAkiJQoPQmFzZU1vZGVsVGFyZ2V0EhIKCmJhc2VfbW9kZWwYASABKAkiNgoPTG9yYU1vZGVsVGFyZ2V0EhIKCmJhc2VfbW9kZWwYASABKAkSDwoHYWRhcHRlchgCIAEoCSJ/CgtNb2RlbFRhcmdldBIyCgRiYXNlGAEgASgLMiIuZHluYW1vLmt2cmVsYXkudjEuQmFzZU1vZGVsVGFyZ2V0SAASMgoEbG9yYRgCIAEoCzIiLmR5bmFtby5rdnJlbGF5LnYxLkxvcmFNb2RlbFRhcmdldEgAQggKBnRhcmdldCJwChFNb2RlbFJlZ2lzdHJhdGlvbhIaChJjYW5vbmljYWxfbW9kZWxfaWQYASABKAkSLgoGdGFyZ2V0GAIgASgLMh4uZHluYW1vLmt2cmVsYXkudjEuTW9kZWxUYXJnZXQSDwoHYWxpYXNlcxgDIAMoCSJkChBLdlF1ZXJ5U2VtYW50aWNzEhUKDWt2X2Jsb2NrX3NpemUYASABKA0SOQoLaGFzaF9mb3JtYXQYAiABKA4yJC5keW5hbW8ua3ZyZWxheS52MS5LdlF1ZXJ5SGFzaEZvcm1hdCK2AgoQS3ZQb29sRGVzY3JpcHRvchI1Cghwcm9kdWNlchgBIAEoCzIjLmR5bmFtby5rdnJlbGF5LnYxLlByb2R1Y2VySWRlbnRpdHkSPQoQc2VydmluZ19lbmRwb2ludBgCIAEoCzIjLmR5bmFtby5rdnJlbGF5LnYxLkR5bmFtb0VuZHBvaW50SWQSOwoNcmVnaXN0cmF0aW9ucxgDIAMoCzIkLmR5bmFtby5rdnJlbGF5LnYxLk1vZGVsUmVnaXN0cmF0aW9uEjwKD3F1ZXJ5X3NlbWFudGljcxgEIAEoCzIjLmR5bmFtby5rdnJlbGF5LnYxLkt2UXVlcnlTZW1hbnRpY3MSMQoKcG9vbF9yb2xlcxgFIAMoDjIdLmR5bmFtby5rdnJlbGF5LnYxLldvcmtlclJvbGUiSwoVS3ZQb29sQ2F0YWxvZ1NuYXBzaG90EjIKBXBvb2xzGAEgAygLMiMuZHluYW1vLmt2cmVsYXkudjEuS3ZQb29sRGVzY3JpcHRvciK0AQoOVG9wb2xvZ3lNZW1iZXISNQoIZW5kcG9pbnQYASABKAsyIy5keW5hbW8ua3ZyZWxheS52MS5EeW5hbW9FbmRwb2ludElkEiwKBXJvbGVzGAIgAygOMh0uZHluYW1vLmt2cmVsYXkudjEuV29ya2VyUm9sZRIxCgdwb29sX2lkGAMgASgLMhsuZHluYW1vLmt2cmVsYXkudjEuS3ZQb29sSWRIAIgBAUIKCghfcG9vbF9pZCKdAQoQQWRhcHRlclJlYWRpbmVzcxIaChJjYW5vbmljYWxfbW9kZWxfaWQYASABKAkSNwoFc3RhdGUYAiABKA4yKC5keW5hbW8ua3ZyZWxheS52MS5TZXJ2aW5nUmVhZGluZXNzU3RhdGUSNAoNbWlzc2luZ19yb2xlcxgDIAMoDjIdLmR5bmFtby5rdnJlbGF5LnYxLldvcmtlclJvbGUirwMKDVRvcG9sb2d5RW50cnkSEQoJbmFtZXNwYWNlGAEgASgJEhoKEmNhbm9uaWNhbF9tb2RlbF9pZBgCIAEoCRI3CgVzdGF0ZRgDIAEoDjIoLmR5bmFtby5rdnJlbGF5LnYxLlNlcnZpbmdSZWFkaW5lc3NTdGF0ZRI0Cg1wcmVzZW50X3JvbGVzGAQgAygOMh0uZHluYW1vLmt2cmVsYXkudjEuV29ya2VyUm9sZRI0Cg1taXNzaW5nX3JvbGVzGAUgAygOMh0uZHluYW1vLmt2cmVsYXkudjEuV29ya2VyUm9sZRIyCgdtZW1iZXJzGAYgAygLMiEuZHluYW1vLmt2cmVsYXkudjEuVG9wb2xvZ3lNZW1iZXISPwoYZHVwbGljYXRlX3JvbGVfZW5kcG9pbnRzGAcgAygOMh0uZHluYW1vLmt2cmVsYXkudjEuV29ya2VyUm9sZRIeChZsZWdhY3lfZmFsbGJhY2tfYWN0aXZlGAggASgIEjUKCGFkYXB0ZXJzGAkgAygLMiMuZHluYW1vLmt2cmVsYXkudjEuQWRhcHRlclJlYWRpbmVzcyK1AQoPS3ZQb29sTG9hZEVudHJ5EjUKCHByb2R1Y2VyGAEgASgLMiMuZHluYW1vLmt2cmVsYXkudjEuUHJvZHVjZXJJZGVudGl0eRIWCg5rdl91c2VkX2Jsb2NrcxgCIAEoBBIXCg90b3RhbF9rdl9ibG9ja3MYAyABKAQSGQoRa3Zfb2JzZXJ2ZWRfcmFua3MYBCABKA0SGQoRa3ZfZXhwZWN0ZWRfcmFua3MYBSABKA1KBAgGEA0iKwoQUmVsYXlJbmZvUmVxdWVzdBIXCg9jb250cmFjdF9tYXJrZXIYfyABKAcibwoJUmVsYXlJbmZvEhgKEHByb3RvY29sX3ZlcnNpb24YASABKA0SLwoFcmVsYXkYAiABKAsyIC5keW5hbW8ua3ZyZWxheS52MS5SZWxheUlkZW50aXR5EhcKD2NvbnRyYWN0X21hcmtlchh/IAEoByJLChlXYXRjaEt2UG9vbENhdGFsb2dSZXF1ZXN0EhUKDXN1YnNjcmliZXJfaWQYASABKAkSFwoPY29udHJhY3RfbWFya2VyGH8gASgHIscBChNLdlBvb2xDYXRhbG9nVXBkYXRlEhgKEHByb3RvY29sX3ZlcnNpb24YASABKA0SLwoFcmVsYXkYAiABKAsyIC5keW5hbW8ua3ZyZWxheS52MS5SZWxheUlkZW50aXR5EhAKCHJldmlzaW9uGAMgASgEEjoKCHNuYXBzaG90GAQgASgLMiguZHluYW1vLmt2cmVsYXkudjEuS3ZQb29sQ2F0YWxvZ1NuYXBzaG90EhcKD2NvbnRyYWN0X21hcmtlchh/IAEoByKIAQoWU3Vic2NyaWJlS3ZQb29sUmVxdWVzdBIVCg1zdWJzY3JpYmVyX2lkGAEgASgJEj4KEWV4cGVjdGVkX3Byb2R1Y2VyGAIgASgLMiMuZHluYW1vLmt2cmVsYXkudjEuUHJvZHVjZXJJZGVudGl0eRIXCg9jb250cmFjdF9tYXJrZXIYfyABKAciqgIKDEZpbHRlclVwZGF0ZRIYChBwcm90b2NvbF92ZXJzaW9uGAEgASgNEi8KBXJlbGF5GAIgASgLMiAuZHluYW1vLmt2cmVsYXkudjEuUmVsYXlJZGVudGl0eRI1Cghwcm9kdWNlchgDIAEoCzIjLmR5bmFtby5rdnJlbGF5LnYxLlByb2R1Y2VySWRlbnRpdHkSFQoNYmFzZV9zZXF1ZW5jZRgEIAEoBBIQCghzZXF1ZW5jZRgFIAEoBBISCgpzZW5kX3RzX3VzGAYgASgEEjEKBGtpbmQYByABKA4yIy5keW5hbW8ua3ZyZWxheS52MS5GaWx0ZXJVcGRhdGVLaW5kEg8KB3BheWxvYWQYCCABKAwSFwoPY29udHJhY3RfbWFya2VyGH8gASgHIlIKIFN1YnNjcmliZVNlcnZpbmdSZWFkaW5lc3NSZXF1ZXN0EhUKDXN1YnNjcmliZXJfaWQYASABKAkSFwoPY29udHJhY3RfbWFya2VyGH8gASgHIsEBChZTZXJ2aW5nUmVhZGluZXNzVXBkYXRlEhgKEHByb3RvY29sX3ZlcnNpb24YASABKA0SLwoFcmVsYXkYAiABKAsyIC5keW5hbW8ua3ZyZWxheS52MS5SZWxheUlkZW50aXR5EhAKCHJldmlzaW9uGAMgASgEEjEKB2VudHJpZXMYBCADKAsyIC5keW5hbW8ua3ZyZWxheS52MS5Ub3BvbG9neUVudHJ5EhcKD2NvbnRyYWN0X21hcmtlchh/IAEoByJMChpTdWJzY3JpYmVLdlBvb2xMb2FkUmVxdWVzdBIVCg1zdWJzY3JpYmVyX2lkGAEgASgJEhcKD2NvbnRyYWN0X21hcmtlchh/IAEoByLqAQoQS3ZQb29sTG9hZFVwZGF0ZRIYChBwcm90b2NvbF92ZXJzaW9uGAEgASgNEi8KBXJlbGF5GAIgASgLMiAuZHluYW1vLmt2cmVsYXkudjEuUmVsYXlJZGVudGl0eRIXCg93aW5kb3dfc2VxdWVuY2UYAyABKAQSEwoLb2JzZXJ2ZWRfbXMYBCABKAQSEQoJd2luZG93X21zGAUgASgEEjEKBXBvb2xzGAYgAygLMiIuZHluYW1vLmt2cmVsYXkudjEuS3ZQb29sTG9hZEVudHJ5EhcKD2NvbnRyYWN0X21hcmtlchh/IAEoByqdAQoQRmlsdGVyVXBkYXRlS2luZBIiCh5GSUxURVJfVVBEQVRFX0tJTkRfVU5TUEVDSUZJRUQQABIlCiFGSUxURVJfVVBEQVRFX0tJTkRfU05BUFNIT1RfQ0hVTksQARIcChhGSUxURVJfVVBEQVRFX0tJTkRfREVMVEEQAhIgChxGSUxURVJfVVBEQVRFX0tJTkRfSEVBUlRCRUFUEAMqdAoOSWRlbnRpdHlTb3VyY2USHwobSURFTlRJVFlfU09VUkNFX1VOU1BFQ0lGSUVEEAASIwofSURFTlRJVFlfU09VUkNFX0RFRkFVTFRfREVSSVZFRBABEhwKGElERU5USVRZX1NPVVJDRV9FWFBMSUNJVBACKogBChVTZXJ2aW5nUmVhZGluZXNzU3RhdGUSIwofU0VSVklOR19SRUFESU5FU1NfU1RBVEVfVU5LTk9XThAAEicKI1NFUlZJTkdfUkVBRElORVNTX1NUQVRFX1VOQVZBSUxBQkxFEAESIQodU0VSVklOR19SRUFESU5FU1NfU1RBVEVfUkVBRFkQAiqmAQoKV29ya2VyUm9sZRIbChdXT1JLRVJfUk9MRV9VTlNQRUNJRklFRBAAEhcKE1dPUktFUl9ST0xFX1BSRUZJTEwQARIWChJXT1JLRVJfUk9MRV9ERUNPREUQAhIWChJXT1JLRVJfUk9MRV9FTkNPREUQAxIaChZXT1JLRVJfUk9MRV9BR0dSRUdBVEVEEAQSFgoSV09SS0VSX1JPTEVfTEVHQUNZEAUqkAEKEUt2UXVlcnlIYXNoRm9ybWF0EiQKIEtWX1FVRVJZX0hBU0hfRk9STUFUX1VOU1BFQ0lGSUVEEAASKwonS1ZfUVVFUllfSEFTSF9GT1JNQVRfRFlOQU1PX1NUQU5EQVJEX1YxEAESKAokS1ZfUVVFUllfSEFTSF9GT1JNQVRfRFlOQU1PX0VBR0xFX1YxEAIqhAQKEFJlbGF5RXJyb3JSZWFzb24SIgoeUkVMQVlfRVJST1JfUkVBU09OX1VOU1BFQ0lGSUVEEAASKAokUkVMQVlfRVJST1JfUkVBU09OX0NPTlRSQUNUX01JU01BVENIEAESJgoiUkVMQVlfRVJST1JfUkVBU09OX0lOVkFMSURfUkVRVUVTVBACEioKJlJFTEFZX0VSUk9SX1JFQVNPTl9VTlNVUFBPUlRFRF9GRUFUVVJFEAMSJQohUkVMQVlfRVJST1JfUkVBU09OX1BPT0xfTk9UX0ZPVU5EEAQSJwojUkVMQVlfRVJST1JfUkVBU09OX1BST0RVQ0VSX0NIQU5HRUQQBRIlCiFSRUxBWV9FUlJPUl9SRUFTT05fUkVTT1VSQ0VfTElNSVQQBhIoCiRSRUxBWV9FUlJPUl9SRUFTT05fU1VCU0NSSUJFUl9MQUdHRUQQBxIwCixSRUxBWV9FUlJPUl9SRUFTT05fU05BUFNIT1RfUFJPR1JFU1NfVElNRU9VVBAIEi4KKlJFTEFZX0VSUk9SX1JFQVNPTl9QVUJMSUNBVElPTl9VTkFWQUlMQUJMRRAJEioKJlJFTEFZX0VSUk9SX1JFQVNPTl9JTlZBTElEX1BVQkxJQ0FUSU9OEAoSHwobUkVMQVlfRVJST1JfUkVBU09OX0lOVEVSTkFMEAsyuwQKDEt2RXZlbnRSZWxheRJXCgxHZXRSZWxheUluZm8SIy5keW5hbW8ua3ZyZWxheS52MS5SZWxheUluZm9SZXF1ZXN0GhwuZHluYW1vLmt2cmVsYXkudjEuUmVsYXlJbmZvIgTI8xgBEnIKEldhdGNoS3ZQb29sQ2F0YWxvZxIsLmR5bmFtby5rdnJlbGF5LnYxLldhdGNoS3ZQb29sQ2F0YWxvZ1JlcXVlc3QaJi5keW5hbW8ua3ZyZWxheS52MS5LdlBvb2xDYXRhbG9nVXBkYXRlIgTI8xgBMAESZQoPU3Vic2NyaWJlS3ZQb29sEikuZHluYW1vLmt2cmVsYXkudjEuU3Vic2NyaWJlS3ZQb29sUmVxdWVzdBofLmR5bmFtby5rdnJlbGF5LnYxLkZpbHRlclVwZGF0ZSIEyPMYATABEoMBChlTdWJzY3JpYmVTZXJ2aW5nUmVhZGluZXNzEjMuZHluYW1vLmt2cmVsYXkudjEuU3Vic2NyaWJlU2VydmluZ1JlYWRpbmVzc1JlcXVlc3QaKS5keW5hbW8ua3ZyZWxheS52MS5TZXJ2aW5nUmVhZGluZXNzVXBkYXRlIgTI8xgBMAEScQoTU3Vic2NyaWJlS3ZQb29sTG9hZBItLmR5bmFtby5rdnJlbGF5LnYxLlN1YnNjcmliZUt2UG9vbExvYWRSZXF1ZXN0GiMuZHluYW1vLmt2cmVsYXkudjEuS3ZQb29sTG9hZFVwZGF0ZSIEyPMYATABYgZwcm90bzM", [file_mmgate_options_v1_options]);
+  fileDesc("Ch1keW5hbW8va3ZyZWxheS92MS9yZWxheS5wcm90bxIRZHluYW1vLmt2cmVsYXkudjEiQwoNUmVsYXlJZGVudGl0eRIXCg9kcnRfaW5zdGFuY2VfaWQYASABKAYSGQoRcmVsYXlfaW5jYXJuYXRpb24YAiABKAYiUwoORGlnZXN0SWRlbnRpdHkSDgoGZGlnZXN0GAEgASgMEjEKBnNvdXJjZRgCIAEoDjIhLmR5bmFtby5rdnJlbGF5LnYxLklkZW50aXR5U291cmNlIocBCg9JbmRleGVyRG9tYWluSWQSOgoPY2FjaGVfc2VtYW50aWNzGAEgASgLMiEuZHluYW1vLmt2cmVsYXkudjEuRGlnZXN0SWRlbnRpdHkSOAoNcm91dGluZ19zY29wZRgCIAEoCzIhLmR5bmFtby5rdnJlbGF5LnYxLkRpZ2VzdElkZW50aXR5Im8KCEt2UG9vbElkEhgKEGlkZW50aXR5X3ZlcnNpb24YASABKA0SOgoOaW5kZXhlcl9kb21haW4YAiABKAsyIi5keW5hbW8ua3ZyZWxheS52MS5JbmRleGVyRG9tYWluSWQSDQoFZGNfaWQYAyABKAYiewoJQ2tmRm9ybWF0EhYKDmZvcm1hdF92ZXJzaW9uGAEgASgNEgwKBHNlZWQYAiABKAYSFAoMYnVja2V0X2NvdW50GAMgASgEEhgKEGZpbmdlcnByaW50X2JpdHMYBCABKA0SGAoQc2xvdHNfcGVyX2J1Y2tldBgFIAEoDSKrAQoQUHJvZHVjZXJJZGVudGl0eRIsCgdwb29sX2lkGAEgASgLMhsuZHluYW1vLmt2cmVsYXkudjEuS3ZQb29sSWQSHAoUcHJvZHVjZXJfaW5jYXJuYXRpb24YAiABKAYSGQoRbGF5b3V0X2dlbmVyYXRpb24YAyABKAQSMAoKY2tmX2Zvcm1hdBgEIAEoCzIcLmR5bmFtby5rdnJlbGF5LnYxLkNrZkZvcm1hdCJKChBEeW5hbW9FbmRwb2ludElkEhEKCW5hbWVzcGFjZRgBIAEoCRIRCgljb21wb25lbnQYAiABKAkSEAoIZW5kcG9pbnQYAyABKAkiJQoPQmFzZU1vZGVsVGFyZ2V0EhIKCmJhc2VfbW9kZWwYASABKAkiNgoPTG9yYU1vZGVsVGFyZ2V0EhIKCmJhc2VfbW9kZWwYASABKAkSDwoHYWRhcHRlchgCIAEoCSJ/CgtNb2RlbFRhcmdldBIyCgRiYXNlGAEgASgLMiIuZHluYW1vLmt2cmVsYXkudjEuQmFzZU1vZGVsVGFyZ2V0SAASMgoEbG9yYRgCIAEoCzIiLmR5bmFtby5rdnJlbGF5LnYxLkxvcmFNb2RlbFRhcmdldEgAQggKBnRhcmdldCJwChFNb2RlbFJlZ2lzdHJhdGlvbhIaChJjYW5vbmljYWxfbW9kZWxfaWQYASABKAkSLgoGdGFyZ2V0GAIgASgLMh4uZHluYW1vLmt2cmVsYXkudjEuTW9kZWxUYXJnZXQSDwoHYWxpYXNlcxgDIAMoCSJkChBLdlF1ZXJ5U2VtYW50aWNzEhUKDWt2X2Jsb2NrX3NpemUYASABKA0SOQoLaGFzaF9mb3JtYXQYAiABKA4yJC5keW5hbW8ua3ZyZWxheS52MS5LdlF1ZXJ5SGFzaEZvcm1hdCK2AgoQS3ZQb29sRGVzY3JpcHRvchI1Cghwcm9kdWNlchgBIAEoCzIjLmR5bmFtby5rdnJlbGF5LnYxLlByb2R1Y2VySWRlbnRpdHkSPQoQc2VydmluZ19lbmRwb2ludBgCIAEoCzIjLmR5bmFtby5rdnJlbGF5LnYxLkR5bmFtb0VuZHBvaW50SWQSOwoNcmVnaXN0cmF0aW9ucxgDIAMoCzIkLmR5bmFtby5rdnJlbGF5LnYxLk1vZGVsUmVnaXN0cmF0aW9uEjwKD3F1ZXJ5X3NlbWFudGljcxgEIAEoCzIjLmR5bmFtby5rdnJlbGF5LnYxLkt2UXVlcnlTZW1hbnRpY3MSMQoKcG9vbF9yb2xlcxgFIAMoDjIdLmR5bmFtby5rdnJlbGF5LnYxLldvcmtlclJvbGUiSwoVS3ZQb29sQ2F0YWxvZ1NuYXBzaG90EjIKBXBvb2xzGAEgAygLMiMuZHluYW1vLmt2cmVsYXkudjEuS3ZQb29sRGVzY3JpcHRvciK0AQoOVG9wb2xvZ3lNZW1iZXISNQoIZW5kcG9pbnQYASABKAsyIy5keW5hbW8ua3ZyZWxheS52MS5EeW5hbW9FbmRwb2ludElkEiwKBXJvbGVzGAIgAygOMh0uZHluYW1vLmt2cmVsYXkudjEuV29ya2VyUm9sZRIxCgdwb29sX2lkGAMgASgLMhsuZHluYW1vLmt2cmVsYXkudjEuS3ZQb29sSWRIAIgBAUIKCghfcG9vbF9pZCKdAQoQQWRhcHRlclJlYWRpbmVzcxIaChJjYW5vbmljYWxfbW9kZWxfaWQYASABKAkSNwoFc3RhdGUYAiABKA4yKC5keW5hbW8ua3ZyZWxheS52MS5TZXJ2aW5nUmVhZGluZXNzU3RhdGUSNAoNbWlzc2luZ19yb2xlcxgDIAMoDjIdLmR5bmFtby5rdnJlbGF5LnYxLldvcmtlclJvbGUirwMKDVRvcG9sb2d5RW50cnkSEQoJbmFtZXNwYWNlGAEgASgJEhoKEmNhbm9uaWNhbF9tb2RlbF9pZBgCIAEoCRI3CgVzdGF0ZRgDIAEoDjIoLmR5bmFtby5rdnJlbGF5LnYxLlNlcnZpbmdSZWFkaW5lc3NTdGF0ZRI0Cg1wcmVzZW50X3JvbGVzGAQgAygOMh0uZHluYW1vLmt2cmVsYXkudjEuV29ya2VyUm9sZRI0Cg1taXNzaW5nX3JvbGVzGAUgAygOMh0uZHluYW1vLmt2cmVsYXkudjEuV29ya2VyUm9sZRIyCgdtZW1iZXJzGAYgAygLMiEuZHluYW1vLmt2cmVsYXkudjEuVG9wb2xvZ3lNZW1iZXISPwoYZHVwbGljYXRlX3JvbGVfZW5kcG9pbnRzGAcgAygOMh0uZHluYW1vLmt2cmVsYXkudjEuV29ya2VyUm9sZRIeChZsZWdhY3lfZmFsbGJhY2tfYWN0aXZlGAggASgIEjUKCGFkYXB0ZXJzGAkgAygLMiMuZHluYW1vLmt2cmVsYXkudjEuQWRhcHRlclJlYWRpbmVzcyK1AQoPS3ZQb29sTG9hZEVudHJ5EjUKCHByb2R1Y2VyGAEgASgLMiMuZHluYW1vLmt2cmVsYXkudjEuUHJvZHVjZXJJZGVudGl0eRIWCg5rdl91c2VkX2Jsb2NrcxgCIAEoBBIXCg90b3RhbF9rdl9ibG9ja3MYAyABKAQSGQoRa3Zfb2JzZXJ2ZWRfcmFua3MYBCABKA0SGQoRa3ZfZXhwZWN0ZWRfcmFua3MYBSABKA1KBAgGEA0iFwoVUmVxdWVzdExpZmVjeWNsZVN0YXRzIhAKDlRva2VuTG9hZFN0YXRzIsQBCghMb2FkVmlldxI6CghyZXF1ZXN0cxgBIAEoCzIoLmR5bmFtby5rdnJlbGF5LnYxLlJlcXVlc3RMaWZlY3ljbGVTdGF0cxIxCgZ0b2tlbnMYAiABKAsyIS5keW5hbW8ua3ZyZWxheS52MS5Ub2tlbkxvYWRTdGF0cxItCgZzdGF0dXMYAyABKA4yHS5keW5hbW8ua3ZyZWxheS52MS5EYXRhU3RhdHVzEhoKEnNvdXJjZV9vYnNlcnZlZF9tcxgEIAEoBCJ0ChRQb29sRGVwbG95bWVudFN0YXR1cxIZCgxsaXZlX3dvcmtlcnMYASABKA1IAIgBARIcCg9tYXhfY29uY3VycmVuY3kYAiABKA1IAYgBAUIPCg1fbGl2ZV93b3JrZXJzQhIKEF9tYXhfY29uY3VycmVuY3kisAEKD1Bvb2xTZXJ2aW5nTG9hZBI1Cghwcm9kdWNlchgBIAEoCzIjLmR5bmFtby5rdnJlbGF5LnYxLlByb2R1Y2VySWRlbnRpdHkSKQoEbG9hZBgCIAEoCzIbLmR5bmFtby5rdnJlbGF5LnYxLkxvYWRWaWV3EjsKCmRlcGxveW1lbnQYAyABKAsyJy5keW5hbW8ua3ZyZWxheS52MS5Qb29sRGVwbG95bWVudFN0YXR1cyJ/ChVNb2RlbERlcGxveW1lbnRTdGF0dXMSGgoSZXhwZWN0ZWRfZnJvbnRlbmRzGAEgASgNEhoKEm9ic2VydmVkX2Zyb250ZW5kcxgCIAEoDRIXCg9yZWFkeV9mcm9udGVuZHMYAyABKA0SFQoNc2VydmluZ19wb29scxgEIAEoDSKqAQoQTW9kZWxTZXJ2aW5nTG9hZBIRCgluYW1lc3BhY2UYASABKAkSGgoSY2Fub25pY2FsX21vZGVsX2lkGAIgASgJEikKBGxvYWQYAyABKAsyGy5keW5hbW8ua3ZyZWxheS52MS5Mb2FkVmlldxI8CgpkZXBsb3ltZW50GAQgASgLMiguZHluYW1vLmt2cmVsYXkudjEuTW9kZWxEZXBsb3ltZW50U3RhdHVzIisKEFJlbGF5SW5mb1JlcXVlc3QSFwoPY29udHJhY3RfbWFya2VyGH8gASgHIm8KCVJlbGF5SW5mbxIYChBwcm90b2NvbF92ZXJzaW9uGAEgASgNEi8KBXJlbGF5GAIgASgLMiAuZHluYW1vLmt2cmVsYXkudjEuUmVsYXlJZGVudGl0eRIXCg9jb250cmFjdF9tYXJrZXIYfyABKAciSwoZV2F0Y2hLdlBvb2xDYXRhbG9nUmVxdWVzdBIVCg1zdWJzY3JpYmVyX2lkGAEgASgJEhcKD2NvbnRyYWN0X21hcmtlchh/IAEoByLHAQoTS3ZQb29sQ2F0YWxvZ1VwZGF0ZRIYChBwcm90b2NvbF92ZXJzaW9uGAEgASgNEi8KBXJlbGF5GAIgASgLMiAuZHluYW1vLmt2cmVsYXkudjEuUmVsYXlJZGVudGl0eRIQCghyZXZpc2lvbhgDIAEoBBI6CghzbmFwc2hvdBgEIAEoCzIoLmR5bmFtby5rdnJlbGF5LnYxLkt2UG9vbENhdGFsb2dTbmFwc2hvdBIXCg9jb250cmFjdF9tYXJrZXIYfyABKAciiAEKFlN1YnNjcmliZUt2UG9vbFJlcXVlc3QSFQoNc3Vic2NyaWJlcl9pZBgBIAEoCRI+ChFleHBlY3RlZF9wcm9kdWNlchgCIAEoCzIjLmR5bmFtby5rdnJlbGF5LnYxLlByb2R1Y2VySWRlbnRpdHkSFwoPY29udHJhY3RfbWFya2VyGH8gASgHIqoCCgxGaWx0ZXJVcGRhdGUSGAoQcHJvdG9jb2xfdmVyc2lvbhgBIAEoDRIvCgVyZWxheRgCIAEoCzIgLmR5bmFtby5rdnJlbGF5LnYxLlJlbGF5SWRlbnRpdHkSNQoIcHJvZHVjZXIYAyABKAsyIy5keW5hbW8ua3ZyZWxheS52MS5Qcm9kdWNlcklkZW50aXR5EhUKDWJhc2Vfc2VxdWVuY2UYBCABKAQSEAoIc2VxdWVuY2UYBSABKAQSEgoKc2VuZF90c191cxgGIAEoBBIxCgRraW5kGAcgASgOMiMuZHluYW1vLmt2cmVsYXkudjEuRmlsdGVyVXBkYXRlS2luZBIPCgdwYXlsb2FkGAggASgMEhcKD2NvbnRyYWN0X21hcmtlchh/IAEoByJSCiBTdWJzY3JpYmVTZXJ2aW5nUmVhZGluZXNzUmVxdWVzdBIVCg1zdWJzY3JpYmVyX2lkGAEgASgJEhcKD2NvbnRyYWN0X21hcmtlchh/IAEoByLBAQoWU2VydmluZ1JlYWRpbmVzc1VwZGF0ZRIYChBwcm90b2NvbF92ZXJzaW9uGAEgASgNEi8KBXJlbGF5GAIgASgLMiAuZHluYW1vLmt2cmVsYXkudjEuUmVsYXlJZGVudGl0eRIQCghyZXZpc2lvbhgDIAEoBBIxCgdlbnRyaWVzGAQgAygLMiAuZHluYW1vLmt2cmVsYXkudjEuVG9wb2xvZ3lFbnRyeRIXCg9jb250cmFjdF9tYXJrZXIYfyABKAciTAoaU3Vic2NyaWJlS3ZQb29sTG9hZFJlcXVlc3QSFQoNc3Vic2NyaWJlcl9pZBgBIAEoCRIXCg9jb250cmFjdF9tYXJrZXIYfyABKAci6gEKEEt2UG9vbExvYWRVcGRhdGUSGAoQcHJvdG9jb2xfdmVyc2lvbhgBIAEoDRIvCgVyZWxheRgCIAEoCzIgLmR5bmFtby5rdnJlbGF5LnYxLlJlbGF5SWRlbnRpdHkSFwoPd2luZG93X3NlcXVlbmNlGAMgASgEEhMKC29ic2VydmVkX21zGAQgASgEEhEKCXdpbmRvd19tcxgFIAEoBBIxCgVwb29scxgGIAMoCzIiLmR5bmFtby5rdnJlbGF5LnYxLkt2UG9vbExvYWRFbnRyeRIXCg9jb250cmFjdF9tYXJrZXIYfyABKAciTQobU3Vic2NyaWJlU2VydmluZ0xvYWRSZXF1ZXN0EhUKDXN1YnNjcmliZXJfaWQYASABKAkSFwoPY29udHJhY3RfbWFya2VyGH8gASgHIqACChFTZXJ2aW5nTG9hZFVwZGF0ZRIYChBwcm90b2NvbF92ZXJzaW9uGAEgASgNEi8KBXJlbGF5GAIgASgLMiAuZHluYW1vLmt2cmVsYXkudjEuUmVsYXlJZGVudGl0eRIXCg93aW5kb3dfc2VxdWVuY2UYAyABKAQSEwoLb2JzZXJ2ZWRfbXMYBCABKAQSEQoJd2luZG93X21zGAUgASgEEjEKBXBvb2xzGAYgAygLMiIuZHluYW1vLmt2cmVsYXkudjEuUG9vbFNlcnZpbmdMb2FkEjMKBm1vZGVscxgHIAMoCzIjLmR5bmFtby5rdnJlbGF5LnYxLk1vZGVsU2VydmluZ0xvYWQSFwoPY29udHJhY3RfbWFya2VyGH8gASgHKp0BChBGaWx0ZXJVcGRhdGVLaW5kEiIKHkZJTFRFUl9VUERBVEVfS0lORF9VTlNQRUNJRklFRBAAEiUKIUZJTFRFUl9VUERBVEVfS0lORF9TTkFQU0hPVF9DSFVOSxABEhwKGEZJTFRFUl9VUERBVEVfS0lORF9ERUxUQRACEiAKHEZJTFRFUl9VUERBVEVfS0lORF9IRUFSVEJFQVQQAyp0Cg5JZGVudGl0eVNvdXJjZRIfChtJREVOVElUWV9TT1VSQ0VfVU5TUEVDSUZJRUQQABIjCh9JREVOVElUWV9TT1VSQ0VfREVGQVVMVF9ERVJJVkVEEAESHAoYSURFTlRJVFlfU09VUkNFX0VYUExJQ0lUEAIqiAEKFVNlcnZpbmdSZWFkaW5lc3NTdGF0ZRIjCh9TRVJWSU5HX1JFQURJTkVTU19TVEFURV9VTktOT1dOEAASJwojU0VSVklOR19SRUFESU5FU1NfU1RBVEVfVU5BVkFJTEFCTEUQARIhCh1TRVJWSU5HX1JFQURJTkVTU19TVEFURV9SRUFEWRACKqYBCgpXb3JrZXJSb2xlEhsKF1dPUktFUl9ST0xFX1VOU1BFQ0lGSUVEEAASFwoTV09SS0VSX1JPTEVfUFJFRklMTBABEhYKEldPUktFUl9ST0xFX0RFQ09ERRACEhYKEldPUktFUl9ST0xFX0VOQ09ERRADEhoKFldPUktFUl9ST0xFX0FHR1JFR0FURUQQBBIWChJXT1JLRVJfUk9MRV9MRUdBQ1kQBSqQAQoRS3ZRdWVyeUhhc2hGb3JtYXQSJAogS1ZfUVVFUllfSEFTSF9GT1JNQVRfVU5TUEVDSUZJRUQQABIrCidLVl9RVUVSWV9IQVNIX0ZPUk1BVF9EWU5BTU9fU1RBTkRBUkRfVjEQARIoCiRLVl9RVUVSWV9IQVNIX0ZPUk1BVF9EWU5BTU9fRUFHTEVfVjEQAiqEBAoQUmVsYXlFcnJvclJlYXNvbhIiCh5SRUxBWV9FUlJPUl9SRUFTT05fVU5TUEVDSUZJRUQQABIoCiRSRUxBWV9FUlJPUl9SRUFTT05fQ09OVFJBQ1RfTUlTTUFUQ0gQARImCiJSRUxBWV9FUlJPUl9SRUFTT05fSU5WQUxJRF9SRVFVRVNUEAISKgomUkVMQVlfRVJST1JfUkVBU09OX1VOU1VQUE9SVEVEX0ZFQVRVUkUQAxIlCiFSRUxBWV9FUlJPUl9SRUFTT05fUE9PTF9OT1RfRk9VTkQQBBInCiNSRUxBWV9FUlJPUl9SRUFTT05fUFJPRFVDRVJfQ0hBTkdFRBAFEiUKIVJFTEFZX0VSUk9SX1JFQVNPTl9SRVNPVVJDRV9MSU1JVBAGEigKJFJFTEFZX0VSUk9SX1JFQVNPTl9TVUJTQ1JJQkVSX0xBR0dFRBAHEjAKLFJFTEFZX0VSUk9SX1JFQVNPTl9TTkFQU0hPVF9QUk9HUkVTU19USU1FT1VUEAgSLgoqUkVMQVlfRVJST1JfUkVBU09OX1BVQkxJQ0FUSU9OX1VOQVZBSUxBQkxFEAkSKgomUkVMQVlfRVJST1JfUkVBU09OX0lOVkFMSURfUFVCTElDQVRJT04QChIfChtSRUxBWV9FUlJPUl9SRUFTT05fSU5URVJOQUwQCyp6CgpEYXRhU3RhdHVzEhsKF0RBVEFfU1RBVFVTX1VOU1BFQ0lGSUVEEAASGAoUREFUQV9TVEFUVVNfQ09NUExFVEUQARIYChREQVRBX1NUQVRVU19ERUdSQURFRBACEhsKF0RBVEFfU1RBVFVTX1VOQVZBSUxBQkxFEAMysQUKDEt2RXZlbnRSZWxheRJXCgxHZXRSZWxheUluZm8SIy5keW5hbW8ua3ZyZWxheS52MS5SZWxheUluZm9SZXF1ZXN0GhwuZHluYW1vLmt2cmVsYXkudjEuUmVsYXlJbmZvIgTI8xgBEnIKEldhdGNoS3ZQb29sQ2F0YWxvZxIsLmR5bmFtby5rdnJlbGF5LnYxLldhdGNoS3ZQb29sQ2F0YWxvZ1JlcXVlc3QaJi5keW5hbW8ua3ZyZWxheS52MS5LdlBvb2xDYXRhbG9nVXBkYXRlIgTI8xgBMAESZQoPU3Vic2NyaWJlS3ZQb29sEikuZHluYW1vLmt2cmVsYXkudjEuU3Vic2NyaWJlS3ZQb29sUmVxdWVzdBofLmR5bmFtby5rdnJlbGF5LnYxLkZpbHRlclVwZGF0ZSIEyPMYATABEoMBChlTdWJzY3JpYmVTZXJ2aW5nUmVhZGluZXNzEjMuZHluYW1vLmt2cmVsYXkudjEuU3Vic2NyaWJlU2VydmluZ1JlYWRpbmVzc1JlcXVlc3QaKS5keW5hbW8ua3ZyZWxheS52MS5TZXJ2aW5nUmVhZGluZXNzVXBkYXRlIgTI8xgBMAEScQoTU3Vic2NyaWJlS3ZQb29sTG9hZBItLmR5bmFtby5rdnJlbGF5LnYxLlN1YnNjcmliZUt2UG9vbExvYWRSZXF1ZXN0GiMuZHluYW1vLmt2cmVsYXkudjEuS3ZQb29sTG9hZFVwZGF0ZSIEyPMYATABEnQKFFN1YnNjcmliZVNlcnZpbmdMb2FkEi4uZHluYW1vLmt2cmVsYXkudjEuU3Vic2NyaWJlU2VydmluZ0xvYWRSZXF1ZXN0GiQuZHluYW1vLmt2cmVsYXkudjEuU2VydmluZ0xvYWRVcGRhdGUiBMjzGAEwAWIGcHJvdG8z", [file_mmgate_options_v1_options]);
 
 /**
  * One relay process incarnation.
@@ -649,6 +649,215 @@ export const KvPoolLoadEntrySchema: GenMessage<KvPoolLoadEntry> = /*@__PURE__*/
   messageDesc(file_dynamo_kvrelay_v1_relay, 17);
 
 /**
+ * Request lifecycle statistics of a LoadView. Its fields are not part of the
+ * published contract, so this relay sends it empty; a peer with a newer copy
+ * of the contract reads zero values, and fields such a peer sends are kept
+ * here as unknown fields (forward compatible).
+ *
+ * @generated from message dynamo.kvrelay.v1.RequestLifecycleStats
+ */
+export type RequestLifecycleStats = Message<"dynamo.kvrelay.v1.RequestLifecycleStats"> & {
+};
+
+/**
+ * Describes the message dynamo.kvrelay.v1.RequestLifecycleStats.
+ * Use `create(RequestLifecycleStatsSchema)` to create a new message.
+ */
+export const RequestLifecycleStatsSchema: GenMessage<RequestLifecycleStats> = /*@__PURE__*/
+  messageDesc(file_dynamo_kvrelay_v1_relay, 18);
+
+/**
+ * Token load statistics of a LoadView. Its fields are not part of the
+ * published contract, so this relay sends it empty; a peer with a newer copy
+ * of the contract reads zero values, and fields such a peer sends are kept
+ * here as unknown fields (forward compatible).
+ *
+ * @generated from message dynamo.kvrelay.v1.TokenLoadStats
+ */
+export type TokenLoadStats = Message<"dynamo.kvrelay.v1.TokenLoadStats"> & {
+};
+
+/**
+ * Describes the message dynamo.kvrelay.v1.TokenLoadStats.
+ * Use `create(TokenLoadStatsSchema)` to create a new message.
+ */
+export const TokenLoadStatsSchema: GenMessage<TokenLoadStats> = /*@__PURE__*/
+  messageDesc(file_dynamo_kvrelay_v1_relay, 19);
+
+/**
+ * Load of one pool or model in a window, and how complete it is.
+ *
+ * @generated from message dynamo.kvrelay.v1.LoadView
+ */
+export type LoadView = Message<"dynamo.kvrelay.v1.LoadView"> & {
+  /**
+   * @generated from field: dynamo.kvrelay.v1.RequestLifecycleStats requests = 1;
+   */
+  requests?: RequestLifecycleStats | undefined;
+
+  /**
+   * @generated from field: dynamo.kvrelay.v1.TokenLoadStats tokens = 2;
+   */
+  tokens?: TokenLoadStats | undefined;
+
+  /**
+   * UNAVAILABLE: the stats are empty and carry no information.
+   *
+   * @generated from field: dynamo.kvrelay.v1.DataStatus status = 3;
+   */
+  status: DataStatus;
+
+  /**
+   * When the data was observed at its source, unix milliseconds (producer
+   * wall clock); 0 when there is no data.
+   *
+   * @generated from field: uint64 source_observed_ms = 4;
+   */
+  sourceObservedMs: bigint;
+};
+
+/**
+ * Describes the message dynamo.kvrelay.v1.LoadView.
+ * Use `create(LoadViewSchema)` to create a new message.
+ */
+export const LoadViewSchema: GenMessage<LoadView> = /*@__PURE__*/
+  messageDesc(file_dynamo_kvrelay_v1_relay, 20);
+
+/**
+ * What is deployed behind a pool; an absent field is unknown.
+ *
+ * @generated from message dynamo.kvrelay.v1.PoolDeploymentStatus
+ */
+export type PoolDeploymentStatus = Message<"dynamo.kvrelay.v1.PoolDeploymentStatus"> & {
+  /**
+   * Workers currently serving the pool.
+   *
+   * @generated from field: optional uint32 live_workers = 1;
+   */
+  liveWorkers?: number | undefined;
+
+  /**
+   * Requests the pool's workers take at once.
+   *
+   * @generated from field: optional uint32 max_concurrency = 2;
+   */
+  maxConcurrency?: number | undefined;
+};
+
+/**
+ * Describes the message dynamo.kvrelay.v1.PoolDeploymentStatus.
+ * Use `create(PoolDeploymentStatusSchema)` to create a new message.
+ */
+export const PoolDeploymentStatusSchema: GenMessage<PoolDeploymentStatus> = /*@__PURE__*/
+  messageDesc(file_dynamo_kvrelay_v1_relay, 21);
+
+/**
+ * Serving load of one pool.
+ *
+ * @generated from message dynamo.kvrelay.v1.PoolServingLoad
+ */
+export type PoolServingLoad = Message<"dynamo.kvrelay.v1.PoolServingLoad"> & {
+  /**
+   * @generated from field: dynamo.kvrelay.v1.ProducerIdentity producer = 1;
+   */
+  producer?: ProducerIdentity | undefined;
+
+  /**
+   * @generated from field: dynamo.kvrelay.v1.LoadView load = 2;
+   */
+  load?: LoadView | undefined;
+
+  /**
+   * @generated from field: dynamo.kvrelay.v1.PoolDeploymentStatus deployment = 3;
+   */
+  deployment?: PoolDeploymentStatus | undefined;
+};
+
+/**
+ * Describes the message dynamo.kvrelay.v1.PoolServingLoad.
+ * Use `create(PoolServingLoadSchema)` to create a new message.
+ */
+export const PoolServingLoadSchema: GenMessage<PoolServingLoad> = /*@__PURE__*/
+  messageDesc(file_dynamo_kvrelay_v1_relay, 22);
+
+/**
+ * What is deployed for a model in its namespace.
+ *
+ * @generated from message dynamo.kvrelay.v1.ModelDeploymentStatus
+ */
+export type ModelDeploymentStatus = Message<"dynamo.kvrelay.v1.ModelDeploymentStatus"> & {
+  /**
+   * Frontends expected to serve the model.
+   *
+   * @generated from field: uint32 expected_frontends = 1;
+   */
+  expectedFrontends: number;
+
+  /**
+   * Frontends seen.
+   *
+   * @generated from field: uint32 observed_frontends = 2;
+   */
+  observedFrontends: number;
+
+  /**
+   * Frontends seen ready.
+   *
+   * @generated from field: uint32 ready_frontends = 3;
+   */
+  readyFrontends: number;
+
+  /**
+   * Pools of the window that serve the model.
+   *
+   * @generated from field: uint32 serving_pools = 4;
+   */
+  servingPools: number;
+};
+
+/**
+ * Describes the message dynamo.kvrelay.v1.ModelDeploymentStatus.
+ * Use `create(ModelDeploymentStatusSchema)` to create a new message.
+ */
+export const ModelDeploymentStatusSchema: GenMessage<ModelDeploymentStatus> = /*@__PURE__*/
+  messageDesc(file_dynamo_kvrelay_v1_relay, 23);
+
+/**
+ * Serving load of one model in one namespace; keyed by (namespace,
+ * canonical_model_id).
+ *
+ * @generated from message dynamo.kvrelay.v1.ModelServingLoad
+ */
+export type ModelServingLoad = Message<"dynamo.kvrelay.v1.ModelServingLoad"> & {
+  /**
+   * @generated from field: string namespace = 1;
+   */
+  namespace: string;
+
+  /**
+   * @generated from field: string canonical_model_id = 2;
+   */
+  canonicalModelId: string;
+
+  /**
+   * @generated from field: dynamo.kvrelay.v1.LoadView load = 3;
+   */
+  load?: LoadView | undefined;
+
+  /**
+   * @generated from field: dynamo.kvrelay.v1.ModelDeploymentStatus deployment = 4;
+   */
+  deployment?: ModelDeploymentStatus | undefined;
+};
+
+/**
+ * Describes the message dynamo.kvrelay.v1.ModelServingLoad.
+ * Use `create(ModelServingLoadSchema)` to create a new message.
+ */
+export const ModelServingLoadSchema: GenMessage<ModelServingLoad> = /*@__PURE__*/
+  messageDesc(file_dynamo_kvrelay_v1_relay, 24);
+
+/**
  * Request of GetRelayInfo.
  *
  * @generated from message dynamo.kvrelay.v1.RelayInfoRequest
@@ -667,7 +876,7 @@ export type RelayInfoRequest = Message<"dynamo.kvrelay.v1.RelayInfoRequest"> & {
  * Use `create(RelayInfoRequestSchema)` to create a new message.
  */
 export const RelayInfoRequestSchema: GenMessage<RelayInfoRequest> = /*@__PURE__*/
-  messageDesc(file_dynamo_kvrelay_v1_relay, 18);
+  messageDesc(file_dynamo_kvrelay_v1_relay, 25);
 
 /**
  * Response of GetRelayInfo.
@@ -700,7 +909,7 @@ export type RelayInfo = Message<"dynamo.kvrelay.v1.RelayInfo"> & {
  * Use `create(RelayInfoSchema)` to create a new message.
  */
 export const RelayInfoSchema: GenMessage<RelayInfo> = /*@__PURE__*/
-  messageDesc(file_dynamo_kvrelay_v1_relay, 19);
+  messageDesc(file_dynamo_kvrelay_v1_relay, 26);
 
 /**
  * Request of WatchKvPoolCatalog.
@@ -729,7 +938,7 @@ export type WatchKvPoolCatalogRequest = Message<"dynamo.kvrelay.v1.WatchKvPoolCa
  * Use `create(WatchKvPoolCatalogRequestSchema)` to create a new message.
  */
 export const WatchKvPoolCatalogRequestSchema: GenMessage<WatchKvPoolCatalogRequest> = /*@__PURE__*/
-  messageDesc(file_dynamo_kvrelay_v1_relay, 20);
+  messageDesc(file_dynamo_kvrelay_v1_relay, 27);
 
 /**
  * One complete catalog; replaces the previous one.
@@ -774,7 +983,7 @@ export type KvPoolCatalogUpdate = Message<"dynamo.kvrelay.v1.KvPoolCatalogUpdate
  * Use `create(KvPoolCatalogUpdateSchema)` to create a new message.
  */
 export const KvPoolCatalogUpdateSchema: GenMessage<KvPoolCatalogUpdate> = /*@__PURE__*/
-  messageDesc(file_dynamo_kvrelay_v1_relay, 21);
+  messageDesc(file_dynamo_kvrelay_v1_relay, 28);
 
 /**
  * Request of SubscribeKvPool.
@@ -810,7 +1019,7 @@ export type SubscribeKvPoolRequest = Message<"dynamo.kvrelay.v1.SubscribeKvPoolR
  * Use `create(SubscribeKvPoolRequestSchema)` to create a new message.
  */
 export const SubscribeKvPoolRequestSchema: GenMessage<SubscribeKvPoolRequest> = /*@__PURE__*/
-  messageDesc(file_dynamo_kvrelay_v1_relay, 22);
+  messageDesc(file_dynamo_kvrelay_v1_relay, 29);
 
 /**
  * One frame of a pool's filter stream.
@@ -883,7 +1092,7 @@ export type FilterUpdate = Message<"dynamo.kvrelay.v1.FilterUpdate"> & {
  * Use `create(FilterUpdateSchema)` to create a new message.
  */
 export const FilterUpdateSchema: GenMessage<FilterUpdate> = /*@__PURE__*/
-  messageDesc(file_dynamo_kvrelay_v1_relay, 23);
+  messageDesc(file_dynamo_kvrelay_v1_relay, 30);
 
 /**
  * Request of SubscribeServingReadiness.
@@ -912,7 +1121,7 @@ export type SubscribeServingReadinessRequest = Message<"dynamo.kvrelay.v1.Subscr
  * Use `create(SubscribeServingReadinessRequestSchema)` to create a new message.
  */
 export const SubscribeServingReadinessRequestSchema: GenMessage<SubscribeServingReadinessRequest> = /*@__PURE__*/
-  messageDesc(file_dynamo_kvrelay_v1_relay, 24);
+  messageDesc(file_dynamo_kvrelay_v1_relay, 31);
 
 /**
  * The whole readiness projection; replaces the previous one.
@@ -957,7 +1166,7 @@ export type ServingReadinessUpdate = Message<"dynamo.kvrelay.v1.ServingReadiness
  * Use `create(ServingReadinessUpdateSchema)` to create a new message.
  */
 export const ServingReadinessUpdateSchema: GenMessage<ServingReadinessUpdate> = /*@__PURE__*/
-  messageDesc(file_dynamo_kvrelay_v1_relay, 25);
+  messageDesc(file_dynamo_kvrelay_v1_relay, 32);
 
 /**
  * Request of SubscribeKvPoolLoad.
@@ -986,7 +1195,7 @@ export type SubscribeKvPoolLoadRequest = Message<"dynamo.kvrelay.v1.SubscribeKvP
  * Use `create(SubscribeKvPoolLoadRequestSchema)` to create a new message.
  */
 export const SubscribeKvPoolLoadRequestSchema: GenMessage<SubscribeKvPoolLoadRequest> = /*@__PURE__*/
-  messageDesc(file_dynamo_kvrelay_v1_relay, 26);
+  messageDesc(file_dynamo_kvrelay_v1_relay, 33);
 
 /**
  * One load window; the latest complete window wins.
@@ -1047,7 +1256,104 @@ export type KvPoolLoadUpdate = Message<"dynamo.kvrelay.v1.KvPoolLoadUpdate"> & {
  * Use `create(KvPoolLoadUpdateSchema)` to create a new message.
  */
 export const KvPoolLoadUpdateSchema: GenMessage<KvPoolLoadUpdate> = /*@__PURE__*/
-  messageDesc(file_dynamo_kvrelay_v1_relay, 27);
+  messageDesc(file_dynamo_kvrelay_v1_relay, 34);
+
+/**
+ * Request of SubscribeServingLoad.
+ *
+ * @generated from message dynamo.kvrelay.v1.SubscribeServingLoadRequest
+ */
+export type SubscribeServingLoadRequest = Message<"dynamo.kvrelay.v1.SubscribeServingLoadRequest"> & {
+  /**
+   * Names the subscriber: non-empty, at most 128 bytes, no control
+   * characters.
+   *
+   * @generated from field: string subscriber_id = 1;
+   */
+  subscriberId: string;
+
+  /**
+   * RELAY_CONTRACT_MARKER (0x4B565231).
+   *
+   * @generated from field: fixed32 contract_marker = 127;
+   */
+  contractMarker: number;
+};
+
+/**
+ * Describes the message dynamo.kvrelay.v1.SubscribeServingLoadRequest.
+ * Use `create(SubscribeServingLoadRequestSchema)` to create a new message.
+ */
+export const SubscribeServingLoadRequestSchema: GenMessage<SubscribeServingLoadRequest> = /*@__PURE__*/
+  messageDesc(file_dynamo_kvrelay_v1_relay, 35);
+
+/**
+ * One serving load window; the latest complete window wins.
+ *
+ * @generated from message dynamo.kvrelay.v1.ServingLoadUpdate
+ */
+export type ServingLoadUpdate = Message<"dynamo.kvrelay.v1.ServingLoadUpdate"> & {
+  /**
+   * RELAY_PROTOCOL_VERSION (1).
+   *
+   * @generated from field: uint32 protocol_version = 1;
+   */
+  protocolVersion: number;
+
+  /**
+   * @generated from field: dynamo.kvrelay.v1.RelayIdentity relay = 2;
+   */
+  relay?: RelayIdentity | undefined;
+
+  /**
+   * Increases with each window; the load stream's window sequence.
+   *
+   * @generated from field: uint64 window_sequence = 3;
+   */
+  windowSequence: bigint;
+
+  /**
+   * When the window was observed, unix milliseconds (producer wall clock).
+   *
+   * @generated from field: uint64 observed_ms = 4;
+   */
+  observedMs: bigint;
+
+  /**
+   * Length of the window in milliseconds.
+   *
+   * @generated from field: uint64 window_ms = 5;
+   */
+  windowMs: bigint;
+
+  /**
+   * One entry per pool; empty for an idle window.
+   *
+   * @generated from field: repeated dynamo.kvrelay.v1.PoolServingLoad pools = 6;
+   */
+  pools: PoolServingLoad[];
+
+  /**
+   * One entry per (namespace, model) of the catalog.
+   *
+   * @generated from field: repeated dynamo.kvrelay.v1.ModelServingLoad models = 7;
+   */
+  models: ModelServingLoad[];
+
+  /**
+   * RELAY_CONTRACT_MARKER (0x4B565231).
+   *
+   * @generated from field: fixed32 contract_marker = 127;
+   */
+  contractMarker: number;
+};
+
+/**
+ * Describes the message dynamo.kvrelay.v1.ServingLoadUpdate.
+ * Use `create(ServingLoadUpdateSchema)` to create a new message.
+ */
+export const ServingLoadUpdateSchema: GenMessage<ServingLoadUpdate> = /*@__PURE__*/
+  messageDesc(file_dynamo_kvrelay_v1_relay, 36);
 
 /**
  * What a FilterUpdate carries.
@@ -1341,6 +1647,45 @@ export const RelayErrorReasonSchema: GenEnum<RelayErrorReason> = /*@__PURE__*/
   enumDesc(file_dynamo_kvrelay_v1_relay, 5);
 
 /**
+ * How complete the data behind a LoadView is.
+ *
+ * @generated from enum dynamo.kvrelay.v1.DataStatus
+ */
+export enum DataStatus {
+  /**
+   * @generated from enum value: DATA_STATUS_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * Every source of the view reported in the window.
+   *
+   * @generated from enum value: DATA_STATUS_COMPLETE = 1;
+   */
+  COMPLETE = 1,
+
+  /**
+   * Some sources reported; the stats cover only them.
+   *
+   * @generated from enum value: DATA_STATUS_DEGRADED = 2;
+   */
+  DEGRADED = 2,
+
+  /**
+   * No data: the stats are empty and say nothing.
+   *
+   * @generated from enum value: DATA_STATUS_UNAVAILABLE = 3;
+   */
+  UNAVAILABLE = 3,
+}
+
+/**
+ * Describes the enum dynamo.kvrelay.v1.DataStatus.
+ */
+export const DataStatusSchema: GenEnum<DataStatus> = /*@__PURE__*/
+  enumDesc(file_dynamo_kvrelay_v1_relay, 6);
+
+/**
  * Publishes a data centre's KV pools to remote routers: the pool catalog,
  * each pool's cuckoo filter (CKF) as CBI1 snapshot chunks then deltas, the
  * serving readiness of each model, and windowed pool load. Every stream is
@@ -1404,6 +1749,18 @@ export const KvEventRelay: GenService<{
     methodKind: "server_streaming";
     input: typeof SubscribeKvPoolLoadRequestSchema;
     output: typeof KvPoolLoadUpdateSchema;
+  },
+  /**
+   * Serving load per pool and per model, on the load stream's windows: the
+   * current window, then every later window. Added to the contract after the
+   * other RPCs; a relay without it answers UNIMPLEMENTED.
+   *
+   * @generated from rpc dynamo.kvrelay.v1.KvEventRelay.SubscribeServingLoad
+   */
+  subscribeServingLoad: {
+    methodKind: "server_streaming";
+    input: typeof SubscribeServingLoadRequestSchema;
+    output: typeof ServingLoadUpdateSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_dynamo_kvrelay_v1_relay, 0);

@@ -6,8 +6,8 @@
 // relays: for a prompt, how many of its leading blocks each pool's filter
 // holds.
 
-import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
-import { fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
+import type { GenEnum, GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
+import { enumDesc, fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
 import { file_mmgate_options_v1_options } from "../../options/v1/options_pb.js";
 import type { Message } from "@bufbuild/protobuf";
 
@@ -15,7 +15,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file mmgate/kvrouter/v1/kvrouter.proto.
  */
 export const file_mmgate_kvrouter_v1_kvrouter: GenFile = /*@__PURE__*/
-  fileDesc("CiFtbWdhdGUva3Zyb3V0ZXIvdjEva3Zyb3V0ZXIucHJvdG8SEm1tZ2F0ZS5rdnJvdXRlci52MSIvCg5PdmVybGFwUmVxdWVzdBIOCgZ0b2tlbnMYASADKA0SDQoFbW9kZWwYAiABKAkiQQoPT3ZlcmxhcFJlc3BvbnNlEi4KBXBvb2xzGAEgAygLMh8ubW1nYXRlLmt2cm91dGVyLnYxLlBvb2xPdmVybGFwIq0BCgtQb29sT3ZlcmxhcBINCgVyZWxheRgBIAEoCRINCgVkY19pZBgCIAEoBhIQCghlbmRwb2ludBgDIAEoCRIWCg5tYXRjaGVkX2Jsb2NrcxgEIAEoDRIUCgx0b3RhbF9ibG9ja3MYBSABKA0SEgoKYmxvY2tfc2l6ZRgGIAEoDRIQCghzZXF1ZW5jZRgHIAEoBBIaChJjYW5vbmljYWxfbW9kZWxfaWQYCCABKAkyagoOT3ZlcmxhcFNlcnZpY2USWAoHT3ZlcmxhcBIiLm1tZ2F0ZS5rdnJvdXRlci52MS5PdmVybGFwUmVxdWVzdBojLm1tZ2F0ZS5rdnJvdXRlci52MS5PdmVybGFwUmVzcG9uc2UiBMjzGAFiBnByb3RvMw", [file_mmgate_options_v1_options]);
+  fileDesc("CiFtbWdhdGUva3Zyb3V0ZXIvdjEva3Zyb3V0ZXIucHJvdG8SEm1tZ2F0ZS5rdnJvdXRlci52MSIvCg5PdmVybGFwUmVxdWVzdBIOCgZ0b2tlbnMYASADKA0SDQoFbW9kZWwYAiABKAkidQoPT3ZlcmxhcFJlc3BvbnNlEi4KBXBvb2xzGAEgAygLMh8ubW1nYXRlLmt2cm91dGVyLnYxLlBvb2xPdmVybGFwEjIKCGV4Y2x1ZGVkGAIgAygLMiAubW1nYXRlLmt2cm91dGVyLnYxLkV4Y2x1ZGVkUG9vbCKKAQoIUG9vbExvYWQSFwoPd2luZG93X3NlcXVlbmNlGAEgASgEEhYKDmt2X3VzZWRfYmxvY2tzGAIgASgEEhcKD3RvdGFsX2t2X2Jsb2NrcxgDIAEoBBIZChFrdl9vYnNlcnZlZF9yYW5rcxgEIAEoDRIZChFrdl9leHBlY3RlZF9yYW5rcxgFIAEoDSKgAQoMRXhjbHVkZWRQb29sEg0KBXJlbGF5GAEgASgJEg0KBWRjX2lkGAIgASgGEhAKCGVuZHBvaW50GAMgASgJEhoKEmNhbm9uaWNhbF9tb2RlbF9pZBgEIAEoCRI0CglyZWFkaW5lc3MYBSABKA4yIS5tbWdhdGUua3Zyb3V0ZXIudjEuUG9vbFJlYWRpbmVzcxIOCgZkZXRhaWwYBiABKAkijwIKC1Bvb2xPdmVybGFwEg0KBXJlbGF5GAEgASgJEg0KBWRjX2lkGAIgASgGEhAKCGVuZHBvaW50GAMgASgJEhYKDm1hdGNoZWRfYmxvY2tzGAQgASgNEhQKDHRvdGFsX2Jsb2NrcxgFIAEoDRISCgpibG9ja19zaXplGAYgASgNEhAKCHNlcXVlbmNlGAcgASgEEhoKEmNhbm9uaWNhbF9tb2RlbF9pZBgIIAEoCRI0CglyZWFkaW5lc3MYCSABKA4yIS5tbWdhdGUua3Zyb3V0ZXIudjEuUG9vbFJlYWRpbmVzcxIqCgRsb2FkGAogASgLMhwubW1nYXRlLmt2cm91dGVyLnYxLlBvb2xMb2FkKoUBCg1Qb29sUmVhZGluZXNzEh4KGlBPT0xfUkVBRElORVNTX1VOU1BFQ0lGSUVEEAASGAoUUE9PTF9SRUFESU5FU1NfUkVBRFkQARIaChZQT09MX1JFQURJTkVTU19VTktOT1dOEAISHgoaUE9PTF9SRUFESU5FU1NfVU5BVkFJTEFCTEUQAzJqCg5PdmVybGFwU2VydmljZRJYCgdPdmVybGFwEiIubW1nYXRlLmt2cm91dGVyLnYxLk92ZXJsYXBSZXF1ZXN0GiMubW1nYXRlLmt2cm91dGVyLnYxLk92ZXJsYXBSZXNwb25zZSIEyPMYAWIGcHJvdG8z", [file_mmgate_options_v1_options]);
 
 /**
  * @generated from message mmgate.kvrouter.v1.OverlapRequest
@@ -51,6 +51,14 @@ export type OverlapResponse = Message<"mmgate.kvrouter.v1.OverlapResponse"> & {
    * @generated from field: repeated mmgate.kvrouter.v1.PoolOverlap pools = 1;
    */
   pools: PoolOverlap[];
+
+  /**
+   * Pools that serve the model and hold a ready mirror but were left out
+   * because of their serving readiness.
+   *
+   * @generated from field: repeated mmgate.kvrouter.v1.ExcludedPool excluded = 2;
+   */
+  excluded: ExcludedPool[];
 };
 
 /**
@@ -59,6 +67,111 @@ export type OverlapResponse = Message<"mmgate.kvrouter.v1.OverlapResponse"> & {
  */
 export const OverlapResponseSchema: GenMessage<OverlapResponse> = /*@__PURE__*/
   messageDesc(file_mmgate_kvrouter_v1_kvrouter, 1);
+
+/**
+ * A pool's load in its relay's latest load window.
+ *
+ * @generated from message mmgate.kvrouter.v1.PoolLoad
+ */
+export type PoolLoad = Message<"mmgate.kvrouter.v1.PoolLoad"> & {
+  /**
+   * The window it was reported in.
+   *
+   * @generated from field: uint64 window_sequence = 1;
+   */
+  windowSequence: bigint;
+
+  /**
+   * KV blocks in use.
+   *
+   * @generated from field: uint64 kv_used_blocks = 2;
+   */
+  kvUsedBlocks: bigint;
+
+  /**
+   * KV block capacity; 0 when unknown.
+   *
+   * @generated from field: uint64 total_kv_blocks = 3;
+   */
+  totalKvBlocks: bigint;
+
+  /**
+   * Ranks that reported; fewer than expected is incomplete coverage.
+   *
+   * @generated from field: uint32 kv_observed_ranks = 4;
+   */
+  kvObservedRanks: number;
+
+  /**
+   * Ranks expected to report; 0 when unknown.
+   *
+   * @generated from field: uint32 kv_expected_ranks = 5;
+   */
+  kvExpectedRanks: number;
+};
+
+/**
+ * Describes the message mmgate.kvrouter.v1.PoolLoad.
+ * Use `create(PoolLoadSchema)` to create a new message.
+ */
+export const PoolLoadSchema: GenMessage<PoolLoad> = /*@__PURE__*/
+  messageDesc(file_mmgate_kvrouter_v1_kvrouter, 2);
+
+/**
+ * A pool left out of an overlap answer.
+ *
+ * @generated from message mmgate.kvrouter.v1.ExcludedPool
+ */
+export type ExcludedPool = Message<"mmgate.kvrouter.v1.ExcludedPool"> & {
+  /**
+   * The relay the pool came from (its address as configured).
+   *
+   * @generated from field: string relay = 1;
+   */
+  relay: string;
+
+  /**
+   * The pool's datacenter id.
+   *
+   * @generated from field: fixed64 dc_id = 2;
+   */
+  dcId: bigint;
+
+  /**
+   * The pool's serving endpoint, "namespace.component.endpoint".
+   *
+   * @generated from field: string endpoint = 3;
+   */
+  endpoint: string;
+
+  /**
+   * The canonical model id the request resolved to in this pool.
+   *
+   * @generated from field: string canonical_model_id = 4;
+   */
+  canonicalModelId: string;
+
+  /**
+   * UNAVAILABLE, or UNKNOWN while READY pools answer.
+   *
+   * @generated from field: mmgate.kvrouter.v1.PoolReadiness readiness = 5;
+   */
+  readiness: PoolReadiness;
+
+  /**
+   * Why, in words (the relay's state and its missing roles).
+   *
+   * @generated from field: string detail = 6;
+   */
+  detail: string;
+};
+
+/**
+ * Describes the message mmgate.kvrouter.v1.ExcludedPool.
+ * Use `create(ExcludedPoolSchema)` to create a new message.
+ */
+export const ExcludedPoolSchema: GenMessage<ExcludedPool> = /*@__PURE__*/
+  messageDesc(file_mmgate_kvrouter_v1_kvrouter, 3);
 
 /**
  * @generated from message mmgate.kvrouter.v1.PoolOverlap
@@ -119,6 +232,21 @@ export type PoolOverlap = Message<"mmgate.kvrouter.v1.PoolOverlap"> & {
    * @generated from field: string canonical_model_id = 8;
    */
   canonicalModelId: string;
+
+  /**
+   * READY, or UNKNOWN when no pool that serves the model is READY.
+   *
+   * @generated from field: mmgate.kvrouter.v1.PoolReadiness readiness = 9;
+   */
+  readiness: PoolReadiness;
+
+  /**
+   * The pool's load in its relay's latest window; absent while the router
+   * has none for the pool's current producer.
+   *
+   * @generated from field: mmgate.kvrouter.v1.PoolLoad load = 10;
+   */
+  load?: PoolLoad | undefined;
 };
 
 /**
@@ -126,7 +254,49 @@ export type PoolOverlap = Message<"mmgate.kvrouter.v1.PoolOverlap"> & {
  * Use `create(PoolOverlapSchema)` to create a new message.
  */
 export const PoolOverlapSchema: GenMessage<PoolOverlap> = /*@__PURE__*/
-  messageDesc(file_mmgate_kvrouter_v1_kvrouter, 2);
+  messageDesc(file_mmgate_kvrouter_v1_kvrouter, 4);
+
+/**
+ * A pool's serving readiness as its relay reports it for the requested model
+ * (the model's entry, or the adapter's within it).
+ *
+ * @generated from enum mmgate.kvrouter.v1.PoolReadiness
+ */
+export enum PoolReadiness {
+  /**
+   * @generated from enum value: POOL_READINESS_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * The relay reports the model READY.
+   *
+   * @generated from enum value: POOL_READINESS_READY = 1;
+   */
+  READY = 1,
+
+  /**
+   * Not known: the relay's readiness stream is not open, the model or the
+   * pool is not in its serving topology, or the relay reports UNKNOWN.
+   *
+   * @generated from enum value: POOL_READINESS_UNKNOWN = 2;
+   */
+  UNKNOWN = 2,
+
+  /**
+   * The relay reports the model UNAVAILABLE (no live worker, or a declared
+   * role none provides).
+   *
+   * @generated from enum value: POOL_READINESS_UNAVAILABLE = 3;
+   */
+  UNAVAILABLE = 3,
+}
+
+/**
+ * Describes the enum mmgate.kvrouter.v1.PoolReadiness.
+ */
+export const PoolReadinessSchema: GenEnum<PoolReadiness> = /*@__PURE__*/
+  enumDesc(file_mmgate_kvrouter_v1_kvrouter, 0);
 
 /**
  * @generated from service mmgate.kvrouter.v1.OverlapService
@@ -135,7 +305,10 @@ export const OverlapService: GenService<{
   /**
    * The matched prefix depth of the prompt in every ready pool that serves
    * the requested model. A cuckoo filter has no false negatives; a match may
-   * be a false positive at the filter's rate.
+   * be a false positive at the filter's rate. Gated by the relays' serving
+   * readiness: a pool whose model the relay reports UNAVAILABLE never
+   * answers, one whose readiness is UNKNOWN answers only while no READY pool
+   * does; every pool left out is listed in `excluded`.
    *
    * @generated from rpc mmgate.kvrouter.v1.OverlapService.Overlap
    */
