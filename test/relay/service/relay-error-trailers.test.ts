@@ -58,9 +58,10 @@ describe(`relay error trailers (C.3) on the ${connectPathOnly ? "connect" : "lea
     after(() => server.close());
 
     it("answers INTERNAL with RELAY_ERROR_REASON_INTERNAL, naming no detail of the error", async () => {
-      const relay = server.relay as unknown as { allPools: () => unknown };
-      const allPools = relay.allPools;
-      relay.allPools = () => {
+      // What the catalog stream reads first; made to throw what no relay code expects.
+      const relay = server.relay as unknown as { currentCatalog: () => unknown };
+      const currentCatalog = relay.currentCatalog;
+      relay.currentCatalog = () => {
         throw new TypeError("something nobody expected");
       };
       try {
@@ -70,7 +71,7 @@ describe(`relay error trailers (C.3) on the ${connectPathOnly ? "connect" : "lea
         expect(err.details).to.match(/^internal error/);
         expect(err.details).to.not.include("nobody expected");
       } finally {
-        relay.allPools = allPools;
+        relay.currentCatalog = currentCatalog;
       }
       // The relay still answers afterwards.
       const info = await grpcUnary<{ protocolVersion: number }>(client, "GetRelayInfo", { contractMarker: RELAY_CONTRACT_MARKER });
