@@ -14,10 +14,10 @@ import { imageService, type ImageServiceOptions } from "./service.js";
 import { IdempotencyStore } from "./runtime/idempotency.js";
 import { openAiImageApi } from "./openai-api/index.js";
 
-/** The service's idempotency store, when images.idempotency.enabled. */
-function serviceOptions(config: ImagesConfig): ImageServiceOptions {
+/** The service's idempotency store, when images.idempotency.enabled, counted by `metrics`. */
+function serviceOptions(config: ImagesConfig, metrics: ImageMetrics): ImageServiceOptions {
   const { enabled, ...limits } = config.idempotency;
-  return enabled ? { idempotency: new IdempotencyStore(limits) } : {};
+  return enabled ? { idempotency: new IdempotencyStore(limits, Date.now, (answer) => metrics.recordIdempotency(answer)) } : {};
 }
 
 /** What an embedder or a test may add when building the module. */
@@ -63,7 +63,7 @@ function createImagesInstance(
   };
   return {
     runtime,
-    services: [bindService(ImageService, imageService(runtime, ctx.drainSignal, serviceOptions(ctx.config)))],
+    services: [bindService(ImageService, imageService(runtime, ctx.drainSignal, serviceOptions(ctx.config, metrics)))],
     // OpenAI's image endpoints, each request one ImageService call in process.
     httpRoutes: openAiImageApi({ localRoutes: ctx.localRoutes, metrics: ctx.metrics, maxInputFiles: ctx.config.limits.maxInputs }),
     drain: (signal) => stop(signal),

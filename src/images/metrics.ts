@@ -1,12 +1,16 @@
-import { Counter, Gauge, type Registry } from "prom-client";
+import { Counter, Gauge, Histogram, type Registry } from "prom-client";
+import type { IdempotencyAnswer } from "./runtime/idempotency.js";
 import type { ImageRuntime, RuntimeOutcome } from "./runtime/runtime.js";
 
 const STATES = ["closed", "open", "half_open"] as const;
+const IDEMPOTENCY_RESULTS: readonly IdempotencyAnswer[] = ["executed", "replayed", "joined", "conflict"];
 
 /** Image metrics: gauges read at scrape time, counters fed by the runtime. */
 export class ImageMetrics {
   private readonly requests: Counter<"provider" | "code">;
   private readonly outputs: Counter<"provider" | "result">;
+  private readonly providerSeconds: Histogram<"provider" | "outcome">;
+  private readonly idempotency: Counter<"result">;
 
   constructor(registry: Registry, runtime: () => ImageRuntime | undefined) {
     new Gauge({
@@ -82,9 +86,30 @@ export class ImageMetrics {
       labelNames: ["provider", "result"],
       registers: [registry],
     });
+    this.providerSeconds = new Histogram({
+      name: "mmgate_images_provider_duration_seconds",
+      help: "Time a provider took per request, from its request going out to its answer or failure (all its images), by provider and outcome (ok or the error code)",
+      labelNames: ["provider", "outcome"],
+      // Image generation takes seconds to minutes.
+      buckets: [0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300],
+      registers: [registry],
+    });
+    this.idempotency = new Counter({
+      name: "mmgate_images_idempotency_requests_total",
+      help: "Image requests with an idempotency key, by how they were answered: executed, replayed (a stored answer), joined (one still running), conflict (the key was used with another request)",
+      labelNames: ["result"],
+      registers: [registry],
+    });
+    for (const result of IDEMPOTENCY_RESULTS) this.idempotency.inc({ result }, 0);
+  }
+
+  /** How an image request with an idempotency key was answered: executed (it ran), replayed (a stored answer), joined (one in flight), conflict (another request under the key). */
+  recordIdempotency(result: IdempotencyAnswer): void {
+    this.idempotency.inc({ result });
   }
 
   record(outcome: RuntimeOutcome): void {
+    if (outcome.providerMs !== undefined) this.providerSeconds.observe({ provider: outcome.provider, outcome: outcome.ok ? "ok" : outcome.error.code }, outcome.providerMs / 1000);
     this.requests.inc({ provider: outcome.provider, code: outcome.ok ? "ok" : outcome.error.code });
     if (outcome.ok && outcome.generated > 0) this.outputs.inc({ provider: outcome.provider, result: "generated" }, outcome.generated);
     if (outcome.failed > 0) this.outputs.inc({ provider: outcome.provider, result: "failed" }, outcome.failed);

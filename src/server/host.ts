@@ -10,7 +10,7 @@ import { Code, ConnectError, createContextValues } from "@connectrpc/connect";
 import { codeToString } from "@connectrpc/connect/protocol-connect";
 import { connectNodeAdapter } from "@connectrpc/connect-node";
 import type { Logger } from "pino";
-import { Counter } from "prom-client";
+import { Counter, Gauge } from "prom-client";
 import { createAdminServer } from "./admin-http.js";
 import { splitCleartextProtocols } from "./cleartext-http1.js";
 import { adminServerTimeouts, guardConnections, http1ServerTimeouts } from "./connections.js";
@@ -634,9 +634,30 @@ export async function startHost(options: HostOptions): Promise<Host> {
   let resolveClosed!: () => void;
   const closed = new Promise<void>((r) => (resolveClosed = r));
   let shutdownPromise: Promise<void> | undefined;
+  // A drain is visible to Prometheus while the admin listener lasts (to the
+  // end of the shutdown), so that an alert can tell a stuck one by its age.
+  const draining = new Gauge({
+    name: "mmgate_draining",
+    help: "1 from SIGTERM (or shutdown) until the process stops: health NOT_SERVING, then GOAWAY and the grace; 0 while serving.",
+    registers: [metrics.registry],
+  });
+  draining.set(0);
+  const drainStarted = new Gauge({
+    name: "mmgate_drain_started_timestamp_seconds",
+    help: "When the drain began (Unix seconds); 0 while serving.",
+    registers: [metrics.registry],
+  });
+  drainStarted.set(0);
+  new Gauge({
+    name: "mmgate_shutdown_grace_seconds",
+    help: "How long a drain may take: shutdown.delayMs plus shutdown.graceMs, in seconds (calls still running then are cancelled).",
+    registers: [metrics.registry],
+  }).set((config.shutdown.delayMs + config.shutdown.graceMs) / 1000);
 
   async function shutdown(): Promise<void> {
     const { graceMs, delayMs } = config.shutdown;
+    draining.set(1);
+    drainStarted.set(Date.now() / 1000);
     health.drain();
     if (delayMs > 0) {
       // Health says NOT_SERVING already; calls are still taken until peers have seen it.

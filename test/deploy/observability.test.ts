@@ -697,7 +697,6 @@ describe("observability: dashboards and alert rules", function () {
 
 const TARGET = { job: "mmgate", instance: "a:9464" };
 const T = 'job="mmgate", instance="a:9464"';
-const UNARY = `${T}, grpc_service="mmgate.media.v1.MediaService", grpc_method="Decode", grpc_type="unary"`;
 
 interface Scenario {
   readonly name: string;
@@ -806,28 +805,31 @@ const SCENARIOS: readonly Scenario[] = [
     alerts: { MmgateRelaySubscriberLimitRejections: [{ stream: "pool", scope: "per_pool" }] },
   },
   {
-    name: "unary calls in flight and no call started for 15 minutes",
+    name: "a drain a minute past its bound (delay and grace: 11 s)",
     series: [
-      [`grpc_server_started_total{${UNARY}}`, "100x30"],
-      [`grpc_server_handled_total{${UNARY}, grpc_code="OK"}`, "98x30"],
+      [`mmgate_draining{${T}}`, "0x4 1x30"],
+      [`mmgate_drain_started_timestamp_seconds{${T}}`, "0x4 300x30"],
+      [`mmgate_shutdown_grace_seconds{${T}}`, "11x35"],
     ],
     at: "20m",
     alerts: { MmgateDrainStuck: [{}] },
   },
   {
-    name: "a busy server with calls in flight",
+    name: "a drain within its bound (10 min)",
     series: [
-      [`grpc_server_started_total{${UNARY}}`, "2+10x30"],
-      [`grpc_server_handled_total{${UNARY}, grpc_code="OK"}`, "0+10x30"],
+      [`mmgate_draining{${T}}`, "0x4 1x30"],
+      [`mmgate_drain_started_timestamp_seconds{${T}}`, "0x4 300x30"],
+      [`mmgate_shutdown_grace_seconds{${T}}`, "600x35"],
     ],
-    at: "20m",
+    at: "12m",
     alerts: { MmgateDrainStuck: [] },
   },
   {
-    name: "an idle server",
+    name: "a server that is not draining",
     series: [
-      [`grpc_server_started_total{${UNARY}}`, "100x30"],
-      [`grpc_server_handled_total{${UNARY}, grpc_code="OK"}`, "100x30"],
+      [`mmgate_draining{${T}}`, "0x35"],
+      [`mmgate_drain_started_timestamp_seconds{${T}}`, "0x35"],
+      [`mmgate_shutdown_grace_seconds{${T}}`, "11x35"],
     ],
     at: "20m",
     alerts: { MmgateDrainStuck: [] },

@@ -11,7 +11,7 @@ import {
   withHeaderKey,
   type IdempotencyLimits,
 } from "../../src/images/runtime/idempotency.js";
-import { eventually, expectRejection, startServer } from "../support/index.js";
+import { eventually, expectRejection, metricValue, startServer } from "../support/index.js";
 import { FakeProvider } from "./fake-provider.js";
 import { expectThrow, rejection } from "./helpers.js";
 
@@ -225,6 +225,14 @@ describe("images: idempotency keys", () => {
         for await (const message of images.generateStream(request, { headers })) events.push(message.event.case ?? "");
         expect(events).to.deep.equal(["started", "completed"]);
         expect(provider.calls).to.equal(1);
+
+        // The metrics say the same: one run, two answers from it (joined while it ran, or replayed), one conflict; one provider call timed.
+        const registry = server.host.metrics.registry;
+        const answered = (result: string) => metricValue(registry, "mmgate_images_idempotency_requests_total", { result });
+        expect(await answered("executed")).to.equal(1);
+        expect((await answered("joined")) + (await answered("replayed"))).to.equal(2);
+        expect(await answered("conflict")).to.equal(1);
+        expect(await metricValue(registry, "mmgate_images_provider_duration_seconds_count", { provider: "counting", outcome: "ok" })).to.equal(1);
       } finally {
         await server.close();
       }

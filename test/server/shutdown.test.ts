@@ -5,7 +5,7 @@ import { expect } from "chai";
 import { imagesModule } from "../../src/images/index.js";
 import { splitHostPort } from "../../src/server/index.js";
 import type { ChildServer, InProcessServer } from "../support/index.js";
-import { eventually, expectRejection, grpcServerStream, grpcUnary, repoRoot, startChildServer, startServer } from "../support/index.js";
+import { eventually, expectRejection, grpcServerStream, grpcUnary, metricValue, repoRoot, startChildServer, startServer } from "../support/index.js";
 
 const messagesOf = (lines: readonly string[]) => lines.map((l) => (JSON.parse(l) as { msg: string }).msg);
 
@@ -196,9 +196,17 @@ describe("graceful shutdown: shutdown.delayMs", function () {
     const server = await startServer({ config: { shutdown: { delayMs: 1500, graceMs: 1000 } } });
     const health = server.grpcClient("grpc/health/v1/health.proto", "grpc.health.v1.Health");
     expect((await grpcUnary(health, "check", {}))["status"]).to.equal("SERVING");
+    const registry = server.host.metrics.registry;
+    expect(await metricValue(registry, "mmgate_draining")).to.equal(0);
+    expect(await metricValue(registry, "mmgate_drain_started_timestamp_seconds")).to.equal(0);
+    expect(await metricValue(registry, "mmgate_shutdown_grace_seconds")).to.equal(2.5);
+    const before = Date.now() / 1000;
     const closed = server.host.shutdown();
     // The health entry flips first; a call made meanwhile is still served.
     await eventually(() => expect(server.host.health.isDraining).to.equal(true));
+    // The drain shows in the metrics from its start (what the MmgateDrainStuck alert reads).
+    expect(await metricValue(registry, "mmgate_draining")).to.equal(1);
+    expect(await metricValue(registry, "mmgate_drain_started_timestamp_seconds")).to.be.within(before, Date.now() / 1000);
     const admin = server.grpcClient("mmgate/admin/v1/admin.proto", "mmgate.admin.v1.AdminService");
     const status = await grpcUnary(admin, "getStatus", {});
     expect(status["version"]).to.equal("test");

@@ -47,6 +47,9 @@ type Entry =
   | { readonly state: "completed"; readonly fingerprint: string; readonly response: ImageResponse; readonly bytes: number; readonly expiresAt: number }
   | { readonly state: "failed"; readonly fingerprint: string; readonly error: ImageError; readonly expiresAt: number };
 
+/** How a call with an idempotency key was answered: it ran the work, got a stored answer (or failure), joined the run in flight, or used the key with another request. */
+export type IdempotencyAnswer = "executed" | "replayed" | "joined" | "conflict";
+
 export interface IdempotentResult {
   readonly response: ImageResponse;
   /** False for the call that ran the work; true for a replay or a joined call. */
@@ -138,6 +141,8 @@ export class IdempotencyStore {
   constructor(
     private readonly limits: IdempotencyLimits = DEFAULT_IDEMPOTENCY_LIMITS,
     private readonly now: () => number = Date.now,
+    /** Told how each call was answered (the metrics). */
+    private readonly observe: (answer: IdempotencyAnswer) => void = () => undefined,
   ) {}
 
   get size(): number {
@@ -167,14 +172,17 @@ export class IdempotencyStore {
     const existing = this.lookup(id);
     if (existing) {
       if (existing.fingerprint !== fingerprint) {
+        this.observe("conflict");
         throw new ImageError("idempotency_conflict", "the idempotency key was used with a different request", {
           details: { field: "idempotency_key" },
         });
       }
+      this.observe(existing.state === "pending" ? "joined" : "replayed");
       if (existing.state === "completed") return { response: existing.response, replayed: true };
       if (existing.state === "failed") throw existing.error;
       return { response: await this.wait(existing.result, signal), replayed: true };
     }
+    this.observe("executed");
     this.makeRoom();
     const result = work();
     const entry: Entry = { state: "pending", fingerprint, result };

@@ -25,9 +25,13 @@ export interface ImageRuntimeOptions {
 }
 
 /** How one request that reached a provider's breaker ended. */
-export type RuntimeOutcome =
+export type RuntimeOutcome = (
   | { readonly ok: true; readonly provider: string; readonly generated: number; readonly failed: number }
-  | { readonly ok: false; readonly provider: string; readonly failed: number; readonly error: ImageError };
+  | { readonly ok: false; readonly provider: string; readonly failed: number; readonly error: ImageError }
+) & {
+  /** How long the provider took, from its request going out to its answer or failure; absent when none went out. */
+  readonly providerMs?: number;
+};
 
 /** A request that passed validation, with its provider and deadline. */
 export interface PreparedRequest {
@@ -241,6 +245,7 @@ export class ImageRuntime {
       // The provider was consulted (capabilities); then its request went out.
       let consulted = false;
       let dispatched = false;
+      let providerStarted = 0;
       try {
         const queueStarted = performance.now();
         const providerPermit = await entry.gate.acquire(operation, deadline);
@@ -256,7 +261,7 @@ export class ImageRuntime {
             request.routing.provider === entry.name ? request : { ...request, routing: { ...request.routing, provider: entry.name } };
           plan = await entry.provider.plan(routed);
           this.checkIdentity(entry, plan.capabilities);
-          const providerStarted = performance.now();
+          providerStarted = performance.now();
           dispatched = true;
           response = await this.runProvider(entry, plan, operation, deadline, options);
           providerMs = Math.round(performance.now() - providerStarted);
@@ -277,7 +282,7 @@ export class ImageRuntime {
         if (request.responseFormat === "metadata") for (const image of response.data) delete image.data;
         response.timings = { ...response.timings, queueMs, providerMs, totalMs: Math.round(performance.now() - started) };
         breaker.succeeded();
-        this.options.onOutcome?.({ ok: true, provider: entry.name, generated: response.data.length, failed: response.failures.length });
+        this.options.onOutcome?.({ ok: true, provider: entry.name, generated: response.data.length, failed: response.failures.length, providerMs });
         return response;
       } catch (error) {
         let failure = toImageError(error);
@@ -292,7 +297,13 @@ export class ImageRuntime {
         if (callerGone || neverSent || !consulted || this.stoppedByShutdown(operation)) breaker.abandon();
         else if (!dispatched) breaker.failedBeforeCall(failure);
         else breaker.failed(failure);
-        this.options.onOutcome?.({ ok: false, provider: entry.name, failed: request.parameters.n, error: failure });
+        this.options.onOutcome?.({
+          ok: false,
+          provider: entry.name,
+          failed: request.parameters.n,
+          error: failure,
+          ...(dispatched ? { providerMs: performance.now() - providerStarted } : {}),
+        });
         throw failure;
       }
     } finally {
