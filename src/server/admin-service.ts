@@ -2,8 +2,8 @@ import type { JsonObject } from "@bufbuild/protobuf";
 import type { ServiceImpl } from "@connectrpc/connect";
 import { Code, ConnectError } from "@connectrpc/connect";
 import { AdminService } from "../../gen/mmgate/admin/v1/admin_pb.js";
-import type { MmgateConfig } from "./config.js";
-import { redactedConfig } from "./config.js";
+import type { MmgateConfig } from "./config/index.js";
+import { redactedConfig } from "./config/index.js";
 import type { HealthRegistry } from "./health.js";
 import { ServingStatus } from "./health.js";
 

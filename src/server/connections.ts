@@ -2,7 +2,7 @@ import * as http2 from "node:http2";
 import type { TLSSocket } from "node:tls";
 import { Counter } from "prom-client";
 import type { Registry } from "prom-client";
-import type { HostConfig } from "./config.js";
+import type { HostConfig } from "./config/index.js";
 
 export type ConnectionLimits = HostConfig["connections"];
 

@@ -1,5 +1,5 @@
 import { cors as connectCors } from "@connectrpc/connect";
-import type { HostConfig } from "./config.js";
+import type { HostConfig } from "./config/index.js";
 import { authorityHeader, parseAuthority } from "./request-host.js";
 
 type Headers = Record<string, string | string[] | undefined>;

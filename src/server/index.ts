@@ -1,7 +1,7 @@
 export type { Host, HostOptions } from "./host.js";
 export { startHost } from "./host.js";
-export type { MmgateConfig, ConfigSources, HostConfig } from "./config.js";
-export { ConfigError, loadConfig, parseScalar, resolveConfig, redactedConfig, hostPort, splitHostPort } from "./config.js";
+export type { MmgateConfig, ConfigSources, HostConfig } from "./config/index.js";
+export { ConfigError, loadConfig, parseScalar, resolveConfig, redactedConfig, hostPort, splitHostPort } from "./config/index.js";
 export type {
   DepsOf,
   ErrorMapper,

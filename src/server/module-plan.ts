@@ -1,4 +1,4 @@
-import { ConfigError } from "./config.js";
+import { ConfigError } from "./config/index.js";
 import type { ServiceModule } from "./module.js";
 
 /** One module to build, in dependency order, and whether its services are served. */

@@ -16,7 +16,7 @@ import { subcommands } from "../../src/cli/main.js";
 import { imagesModule } from "../../src/images/index.js";
 import { builtinModules } from "../../src/modules.js";
 import { parseTimeout, tlsMismatch } from "../../src/rpc/index.js";
-import { nearestName } from "../../src/server/config.js";
+import { nearestName } from "../../src/server/config/index.js";
 import { ConfigError, loadConfig, parseScalar, type ConfigSources } from "../../src/server/index.js";
 import { freePort } from "../support/process.js";
 import type { CliResult, InProcessServer } from "../support/index.js";

@@ -20,7 +20,7 @@ import { program, subcommands } from "../../src/cli/main.js";
 import { serveRoles } from "../../src/cli/serve.js";
 import { peakMemoryBytes, type MediaConfig } from "../../src/media/index.js";
 import { builtinModules } from "../../src/modules.js";
-import { gatherRawConfig } from "../../src/server/config.js";
+import { gatherRawConfig } from "../../src/server/config/index.js";
 import { loadConfig, splitHostPort, type MmgateConfig, type ServiceModule } from "../../src/server/index.js";
 import { MAX_WORKERS, MIN_WORKERS, ROLE_GRACE_MS, ROLE_KINDS, roleConfig, roleSubcommand, type RoleKind } from "../../src/stack/index.js";
 

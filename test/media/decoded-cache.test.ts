@@ -4,7 +4,7 @@ import type { AddressInfo } from "node:net";
 import { createClient } from "@connectrpc/connect";
 import { Registry } from "prom-client";
 import { MediaService } from "../../gen/mmgate/media/v1/media_pb.js";
-import { ConfigError, loadConfig } from "../../src/server/config.js";
+import { ConfigError, loadConfig } from "../../src/server/config/index.js";
 import { mediaConfigSchema, peakMemoryBytes, type MediaConfig } from "../../src/media/config.js";
 import { DecodedMediaCache, decodedCacheKey, type DecodedCacheEvent } from "../../src/media/decoded-cache.js";
 import { MediaError } from "../../src/media/errors.js";

@@ -2,7 +2,7 @@ import { expect } from "chai";
 import * as http from "node:http";
 import type { AddressInfo } from "node:net";
 import { Code } from "@connectrpc/connect";
-import { ConfigError, loadConfig, redactedConfig } from "../../src/server/config.js";
+import { ConfigError, loadConfig, redactedConfig } from "../../src/server/config/index.js";
 import { fetchPolicy, mediaConfigSchema, type MediaConfig } from "../../src/media/config.js";
 import { MediaError, type MediaErrorCode } from "../../src/media/errors.js";
 import { decodeDataUrl, fetchMedia, REDIRECT_STATUSES, type FetchPolicy, type Resolver } from "../../src/media/fetcher.js";

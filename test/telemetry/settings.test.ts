@@ -1,5 +1,5 @@
 import { expect } from "chai";
-import { resolveConfig } from "../../src/server/config.js";
+import { resolveConfig } from "../../src/server/config/index.js";
 import { resolveTracingSettings, TelemetryConfigError, type TracingSection } from "../../src/telemetry/index.js";
 
 const defaults = (): TracingSection => resolveConfig({}, []).telemetry.tracing;
