@@ -80,7 +80,7 @@ export function flatView(maps: readonly Record<string, unknown>[], nameOf: (path
   const primary = maps[0]!;
   return {
     where: "",
-    has: (path) => primary[nameOf(path)] !== undefined,
+    has: (path) => Object.hasOwn(primary, nameOf(path)) && primary[nameOf(path)] !== undefined,
     move: (from, to) => {
       for (const map of maps) {
         if (!Object.hasOwn(map, nameOf(from))) continue;

@@ -112,6 +112,13 @@ function readConfigFile(file: string): Record<string, unknown> {
   return parsed as Record<string, unknown>;
 }
 
+/** `from`'s own entries in an object without a prototype. */
+function ownEntries<T>(from: Readonly<Record<string, T>> | undefined): Record<string, T> {
+  const out = Object.create(null) as Record<string, T>;
+  for (const [key, value] of Object.entries(from ?? {})) out[key] = value;
+  return out;
+}
+
 /** The variable that sets a key: its alias (MMGATE_MODULES) or its derived name. */
 function envNameOf(path: string): string {
   return Object.entries(ENV_ALIASES).find(([, alias]) => alias.path === path)?.[0] ?? pathToEnvName(path);
@@ -179,13 +186,15 @@ export function gatherRawConfig(sources: ConfigSources, topLevelKeys?: ReadonlyS
   };
   // Old key names become the new ones in each source as it is read (renamed-keys.ts).
   if (sources.file) adoptRenamedKeys(treeView(values, ` in ${sources.file}`), warn);
-  const env: Record<string, string | undefined> = { ...sources.env };
+  // Copies without a prototype: a key such as "toString" or "__proto__" is a key like any other.
+  const env = ownEntries<string | undefined>(sources.env);
   adoptRenamedKeys(flatView([env], envNameOf, envNameOf), warn);
-  const overrides: Record<string, unknown> = { ...sources.overrides };
+  const overrides = ownEntries<unknown>(sources.overrides);
   // Each override named by its flag, or `--set KEY` as given (kept when an old key is renamed).
-  const overrideOrigins: Record<string, string> = Object.fromEntries(
-    Object.keys(overrides).map((path) => [path, sources.overrideOrigins?.[path] ?? `--set ${path}`]),
-  );
+  const overrideOrigins = ownEntries<string>(undefined);
+  for (const path of Object.keys(overrides)) {
+    overrideOrigins[path] = sources.overrideOrigins !== undefined && Object.hasOwn(sources.overrideOrigins, path) ? sources.overrideOrigins[path]! : `--set ${path}`;
+  }
   adoptRenamedKeys(
     flatView([overrides, overrideOrigins], (path) => path, (path) => `"${path}" (${overrideOrigins[path] ?? `--${path}`})`),
     warn,
