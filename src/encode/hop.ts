@@ -25,7 +25,7 @@ import {
 import { EtcdResolver, etcdDiscoverySchema, etcdPoolPrefix, StaticResolver, staticDiscoverySchema, type Member, type Resolver } from "../discovery/index.js";
 import { shouldEncode } from "../llm/index.js";
 import { callContextOf, ChannelPool, channelConfigSchema, CONTEXT_HEADERS, inProcessTransport, isPassOnHeaderName, passedOnHeaders, withCallContext } from "../rpc/index.js";
-import { bindService, ConfigError, defineModule, hostPort, requestIdOf, type ModuleContext } from "../server/index.js";
+import { bindService, ConfigError, hostPort, requestIdOf, type ModuleContext } from "../server/index.js";
 import { openSpan, spanningStream } from "../telemetry/index.js";
 import { delay, MAX_TIMER_MS, registeredMetric } from "../util/index.js";
 import { acceptsEncoded, EncodedMessage, encodedResponsesKey } from "../wire/index.js";
@@ -272,7 +272,11 @@ function relayed(res: TokenGenerateResponse | EncodedMessage): GenerateResponse 
   return create(GenerateResponseSchema, res.output ? { output: res.output } : {});
 }
 
-function createHop(ctx: ModuleContext<EncodeHopConfig>, seams: HopSeams) {
+/**
+ * The encode hop's instance: EncodeHopService, the router over the Encode
+ * pool as its exports, and the hooks that bind it and watch its pool.
+ */
+export function createHop(ctx: ModuleContext<EncodeHopConfig>, seams: HopSeams) {
   const config = ctx.config;
   // The lifecycle gauge reads the router at scrape time; it exists by then.
   const holder: { router?: EncoderRouter; views?: () => readonly MemberView[] } = {};
@@ -565,22 +569,4 @@ function createHop(ctx: ModuleContext<EncodeHopConfig>, seams: HopSeams) {
       if (downstreamPool !== pool) downstreamPool.abort();
     },
   };
-}
-
-/**
- * The `encodeHop` module: EncodeHopService in front of a token worker.
- * Multimodal requests are encoded by an Encode worker (this process's, or
- * a static pool) and forwarded with the encoder result; everything else,
- * and everything the hop cannot encode, is forwarded unchanged.
- */
-export const encodeHopModule = defineEncodeHopModule();
-
-/** The `encodeHop` module with test seams (encodeHopModule has none). */
-export function defineEncodeHopModule(seams: HopSeams = {}) {
-  return defineModule({
-    name: "encodeHop",
-    description: "The multimodal Encode hop in front of a token worker",
-    configSchema: encodeHopConfigSchema,
-    create: (ctx) => createHop(ctx, seams),
-  });
 }

@@ -1,3 +1,5 @@
+// The three modules are defined in module.ts; worker.ts, token-worker.ts and hop.ts build their services.
+export { defineTokenWorkerModule, encodeHopModule, encodeWorkerModule, tokenWorkerModule, type TokenWorkerSeams } from "./module.js";
 export {
   consumeEncodeStream,
   EncodeHopError,
@@ -14,19 +16,10 @@ export {
   createEncodeWorkerService,
   ENCODER_RESULT_SCHEMA_VERSION,
   encodeWorkerConfigSchema,
-  encodeWorkerModule,
   type EncodeWorkerConfig,
   type EncodeWorkerDeps,
 } from "./worker.js";
-export {
-  createTokenWorkerService,
-  defineTokenWorkerModule,
-  demoToken,
-  tokenWorkerConfigSchema,
-  tokenWorkerModule,
-  type TokenWorkerConfig,
-  type TokenWorkerSeams,
-} from "./token-worker.js";
+export { createTokenWorkerService, demoToken, tokenWorkerConfigSchema, type TokenWorkerConfig } from "./token-worker.js";
 export {
   receiptToJson,
   receiverConfigSchema,
@@ -38,7 +31,7 @@ export {
   type ReceiverDeps,
   type ReceiverSeams,
 } from "./receiver.js";
-export { encodeHopConfigSchema, encodeHopModule, type EncodeHopConfig } from "./hop.js";
+export { encodeHopConfigSchema, type EncodeHopConfig } from "./hop.js";
 export { hopCommand, type HopCliIo } from "./cli.js";
 export { ENCODE_WORKER_CARD, notAnEncodeCard } from "./card.js";
 export { EncodeMembers, isRefused, memberKey, type CallOutcome, type HealthProbe, type MemberStateName, type MemberView, type OutlierOptions } from "./members.js";

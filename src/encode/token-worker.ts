@@ -6,13 +6,12 @@ import { FinishReason_Kind, OutputType, type LLMEngineOutputSchema } from "../..
 import type { PreprocessedRequest } from "../../gen/mmgate/llm/v1/request_pb.js";
 import {
   GenerateResponseSchema,
-  TokenWorkerService,
   type GenerateRequest,
   type GenerateResponse,
+  type TokenWorkerService,
 } from "../../gen/mmgate/llm/v1/token_worker_pb.js";
-import { bindService, defineModule } from "../server/index.js";
 import { delay } from "../util/index.js";
-import { receiptToJson, receiverConfigSchema, TensorReceiver, type Receipt, type ReceiverSeams } from "./receiver.js";
+import { receiptToJson, receiverConfigSchema, type Receipt, type TensorReceiver } from "./receiver.js";
 
 /** The `tokenWorker` config section; every key defaulted, so `{}` parses. */
 export const tokenWorkerConfigSchema = z.strictObject({
@@ -120,34 +119,3 @@ export function createTokenWorkerService(config: TokenWorkerConfig, receiver?: T
   }
   return { generate };
 }
-
-/** Points where a test holds or alters the token worker's work (never set in production). */
-export type TokenWorkerSeams = ReceiverSeams;
-
-/** The `tokenWorker` module with test seams (tokenWorkerModule has none). */
-export function defineTokenWorkerModule(seams: TokenWorkerSeams = {}) {
-  return defineModule({
-    name: "tokenWorker",
-    description: "Demo token worker: reads and verifies the encoder result's tensors, deterministic tokens, a report with a receipt per item",
-    configSchema: tokenWorkerConfigSchema,
-    create(ctx) {
-      const receiver = new TensorReceiver({
-        config: ctx.config.receiver,
-        logger: ctx.logger,
-        metrics: ctx.metrics,
-        advertisedAddress: ctx.advertisedAddress,
-        localRoutes: ctx.localRoutes,
-        seams,
-      });
-      return {
-        services: [bindService(TokenWorkerService, createTokenWorkerService(ctx.config, receiver))],
-        close() {
-          receiver.close();
-        },
-      };
-    },
-  });
-}
-
-/** The `tokenWorker` module: a deterministic TokenWorkerService, the demo downstream (and receiver) of the encode hop. */
-export const tokenWorkerModule = defineTokenWorkerModule();

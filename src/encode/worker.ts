@@ -4,17 +4,15 @@ import { create, type JsonObject, type JsonValue, type MessageInitShape } from "
 import type { HandlerContext, ServiceImpl } from "@connectrpc/connect";
 import type { Logger } from "pino";
 import { z } from "zod";
-import { EncodeResponseSchema, EncodeWorkerService, type EncodeRequest, type EncodeResponse } from "../../gen/mmgate/encode/v1/encode_pb.js";
+import { EncodeResponseSchema, type EncodeRequest, type EncodeResponse, type EncodeWorkerService } from "../../gen/mmgate/encode/v1/encode_pb.js";
 import { TraceLinkSchema, type TraceLink } from "../../gen/mmgate/llm/v1/common_pb.js";
 import type { MediaDataDescriptor, MultimodalData } from "../../gen/mmgate/llm/v1/media_pb.js";
 import { FinishReason_Kind, OutputType, type AnnotatedOutputSchema } from "../../gen/mmgate/llm/v1/output_pb.js";
 import { descriptorToJsonValue, encodeTerminal } from "../llm/index.js";
-import { mediaModule, type MediaPipeline } from "../media/index.js";
-import { bindService, defineModule } from "../server/index.js";
-import { EtcdRegistration, etcdDiscoverySchema } from "../discovery/index.js";
+import type { MediaPipeline } from "../media/index.js";
+import { etcdDiscoverySchema } from "../discovery/index.js";
 import { inSpan } from "../telemetry/index.js";
 import { Semaphore, stringifyJson } from "../util/index.js";
-import { ENCODE_WORKER_CARD } from "./card.js";
 
 /** The `encodeWorker` config section; every key defaulted, so `{}` parses. */
 export const encodeWorkerConfigSchema = z.strictObject({
@@ -191,38 +189,3 @@ export function createEncodeWorkerService(deps: EncodeWorkerDeps): ServiceImpl<t
 
   return { encode };
 }
-
-/** The `encodeWorker` module: EncodeWorkerService over the media module's pipeline. */
-export const encodeWorkerModule = defineModule({
-  name: "encodeWorker",
-  description: "Encode worker: fetches and decodes a request's media and hands the tensors over by descriptor",
-  configSchema: encodeWorkerConfigSchema,
-  requires: { media: mediaModule },
-  create(ctx) {
-    const register = ctx.config.register;
-    let registration: EtcdRegistration | undefined;
-    return {
-      services: [bindService(EncodeWorkerService, createEncodeWorkerService({ config: ctx.config, media: ctx.deps.media, logger: ctx.logger }))],
-      async start() {
-        if (register === undefined) return;
-        // Registered once the routes are live, under the address other processes reach this one at.
-        const created = await EtcdRegistration.create({
-          ...register,
-          address: ctx.advertisedAddress,
-          // The card hops admit by (see card.ts).
-          metadata: { ...ENCODE_WORKER_CARD, component: register.component, endpoint: register.endpoint },
-          logger: ctx.logger,
-        });
-        registration = created;
-        ctx.tasks.run("etcd-registration", (signal) => created.run(signal));
-      },
-      async drain() {
-        // Hops stop picking this worker at once; calls in flight still finish.
-        await registration?.revoke().catch((err: unknown) => ctx.logger.warn({ err }, "etcd revoke failed; the key expires with its lease"));
-      },
-      async close() {
-        await registration?.close().catch(() => undefined);
-      },
-    };
-  },
-});

@@ -2,92 +2,11 @@
  * Image generation with bounded multi-output fan-out, served as
  * mmgate.images.v1.ImageService.
  */
-import { ImageService } from "../../gen/mmgate/images/v1/image_service_pb.js";
-import { bindService, defineModule, type ModuleContext, type ModuleInstance } from "../server/index.js";
-import { buildImageRuntime, type BuildOptions } from "./build.js";
-import { imagesConfigSchema, type ImagesConfig } from "./config.js";
-import { ImageMetrics } from "./metrics.js";
-import { mapImageError } from "./proto-convert.js";
-import type { ImageRuntime } from "./runtime/runtime.js";
-import { publishProviderHealth } from "./provider-health.js";
-import { imageService, type ImageServiceOptions } from "./service.js";
-import { IdempotencyStore } from "./runtime/idempotency.js";
-import { openAiImageApi } from "./openai-api/index.js";
-
-/** The service's idempotency store, when images.idempotency.enabled, counted by `metrics`. */
-function serviceOptions(config: ImagesConfig, metrics: ImageMetrics): ImageServiceOptions {
-  const { enabled, ...limits } = config.idempotency;
-  return enabled ? { idempotency: new IdempotencyStore(limits, Date.now, (answer) => metrics.recordIdempotency(answer)) } : {};
-}
-
-/** What an embedder or a test may add when building the module. */
-export type ImagesModuleOptions = Omit<BuildOptions, "onOutcome">;
-
-/**
- * Starts the capability: providers, runtime, metrics and the service
- * binding. `options` lets embedders and tests add providers in code.
- */
-function createImagesInstance(
-  ctx: ModuleContext<ImagesConfig>,
-  options: ImagesModuleOptions = {},
-): ModuleInstance & { runtime: ImageRuntime } {
-  // The gauges read the runtime at scrape time; it exists by then.
-  const holder: { runtime?: ImageRuntime; health?: ReturnType<typeof publishProviderHealth> } = {};
-  const metrics = new ImageMetrics(ctx.metrics, () => holder.runtime);
-  const runtime = buildImageRuntime(ctx.config, {
-    ...options,
-    onOutcome: (outcome) => {
-      metrics.record(outcome);
-      if (!outcome.ok && outcome.error.code === "internal") {
-        // Clients get a redacted `internal` error; the log keeps what was thrown.
-        ctx.logger.error({ err: outcome.error.cause ?? outcome.error, provider: outcome.provider }, "image request failed unexpectedly");
-      }
-      // After the runtime has recorded the outcome with the breaker.
-      queueMicrotask(() => holder.health?.refresh());
-    },
-  });
-  holder.runtime = runtime;
-  const providerHealth = publishProviderHealth(runtime, ctx.health, ImageService.typeName);
-  holder.health = providerHealth;
-  ctx.tasks.run("provider-health", providerHealth.watch);
-  // One shutdown for drain and close: requests in flight finish within
-  // images.shutdownGraceMs (the host's grace ends it sooner), the rest are
-  // answered with timeout, then the providers stop.
-  let stopped: Promise<void> | undefined;
-  const stop = (signal?: AbortSignal): Promise<void> => {
-    const result = runtime.shutdown(signal ? { signal } : {});
-    stopped ??= result.then(({ drained, interrupted }) => {
-      if (!drained) ctx.logger.warn({ interrupted }, "image requests still running when the shutdown grace ended were aborted");
-    });
-    return stopped;
-  };
-  return {
-    runtime,
-    services: [bindService(ImageService, imageService(runtime, ctx.drainSignal, serviceOptions(ctx.config, metrics)))],
-    // OpenAI's image endpoints, each request one ImageService call in process.
-    httpRoutes: openAiImageApi({ localRoutes: ctx.localRoutes, metrics: ctx.metrics, maxInputFiles: ctx.config.limits.maxInputs }),
-    drain: (signal) => stop(signal),
-    close: () => stop(),
-  };
-}
-
-/** The `images` module, with providers added in code (embedders, tests, benchmarks). */
-export function defineImagesModule(options: ImagesModuleOptions = {}) {
-  return defineModule({
-    name: "images",
-    description: "Image generation over registered providers with bounded multi-output fan-out",
-    configSchema: imagesConfigSchema,
-    mapError: mapImageError,
-    create: (ctx) => createImagesInstance(ctx, options),
-  });
-}
-
-export const imagesModule = defineImagesModule();
-
+export { defineImagesModule, imagesModule, type ImagesModuleOptions } from "./module.js";
 export { imagesConfigSchema } from "./config.js";
 export { OutputFanoutProvider } from "./fanout/provider.js";
 export { DEFAULT_REQUEST_LIMITS } from "./core/validation.js";
 export type { ImageProvider, ProviderContext } from "./core/provider.js";
 export { createImageRequest, zeroTimings, type ImageRequest, type ImageResponse, type ProviderCapabilities } from "./model.js";
 export { providerHealthName } from "./provider-health.js";
-export { imagesCommand } from "./cli.js";
+export { imagesCommand } from "./cli/index.js";

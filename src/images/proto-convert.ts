@@ -10,7 +10,7 @@ import { Code, ConnectError } from "@connectrpc/connect";
 import * as pb from "../../gen/mmgate/images/v1/images_pb.js";
 import * as caps from "../../gen/mmgate/images/v1/capabilities_pb.js";
 import type * as m from "./model.js";
-import { ImageError, type ErrorCode } from "./core/errors.js";
+import type { ErrorCode, ImageError } from "./core/errors.js";
 import { collectIssues, validationError, type RequestLimits, type ValidationIssue } from "./core/validation.js";
 
 type NumericEnum = Record<string, string | number>;
@@ -392,12 +392,4 @@ export function toConnectError(error: ImageError): ConnectError {
   return new ConnectError(error.message, status, metadata, [
     { desc: pb.ErrorDetailSchema, value: errorToProto(error) },
   ]);
-}
-
-/**
- * The images module's error mapper: an ImageError becomes its status and
- * ErrorDetail; anything else is left to the host (logged, INTERNAL).
- */
-export function mapImageError(error: unknown): ConnectError | undefined {
-  return error instanceof ImageError ? toConnectError(error) : undefined;
 }

@@ -1,6 +1,4 @@
-import { Code, ConnectError } from "@connectrpc/connect";
-import { create } from "@bufbuild/protobuf";
-import { ErrorDetailSchema } from "../../gen/mmgate/media/v1/media_pb.js";
+import { Code } from "@connectrpc/connect";
 
 /** Stable error codes of the media capability, carried in ErrorDetail.code. */
 export type MediaErrorCode =
@@ -105,33 +103,4 @@ export class MediaError extends Error {
     super(message);
     this.status = status ?? STATUS[code];
   }
-}
-
-/**
- * The media module's error mapper: a MediaError keeps its status and its
- * typed detail (OVERLOADED also gets `retry-after` metadata); anything else
- * is left to the host (logged, INTERNAL).
- */
-export function mediaErrorToConnect(error: unknown): ConnectError | undefined {
-  if (error instanceof MediaError) {
-    // The values often come from request arithmetic (offset + length, the
-    // product of a shape) and may pass 2^64 - 1: saturate, so the detail
-    // always encodes.
-    const detail = create(ErrorDetailSchema, {
-      code: error.code,
-      limit: saturateU64(error.limit ?? 0n),
-      actual: saturateU64(error.actual ?? 0n),
-    });
-    const metadata = new Headers();
-    if (error.code === "OVERLOADED") metadata.set("retry-after", String(OVERLOADED_RETRY_AFTER_SECONDS));
-    return new ConnectError(error.message, error.status, metadata, [{ desc: ErrorDetailSchema, value: detail }]);
-  }
-  return undefined;
-}
-
-const U64_MAX = 2n ** 64n - 1n;
-
-/** A bigint clamped into uint64's range. */
-function saturateU64(value: bigint): bigint {
-  return value < 0n ? 0n : value > U64_MAX ? U64_MAX : value;
 }

@@ -9,7 +9,7 @@ import { EncodeHopService, Lifecycle } from "../../gen/mmgate/encode/v1/encode_p
 import { Health, HealthCheckResponse_ServingStatus as S } from "../../gen/grpc/health/v1/health_pb.js";
 import { TokenWorkerService } from "../../gen/mmgate/llm/v1/token_worker_pb.js";
 import { encodeHopModule, encodeWorkerModule, tokenWorkerModule } from "../../src/encode/index.js";
-import { defineEncodeHopModule } from "../../src/encode/hop.js";
+import { defineEncodeHopModule } from "../../src/encode/module.js";
 import { bindService, defineModule } from "../../src/server/index.js";
 import { mediaModule } from "../../src/media/index.js";
 import { connectErrorOf, eventually, grpcServerStream, startServer, type InProcessServer } from "../support/index.js";

@@ -5,7 +5,7 @@ import { join } from "node:path";
 import { Writable } from "node:stream";
 import { expect } from "chai";
 import sharp from "sharp";
-import { imagesCommand } from "../../src/images/cli.js";
+import { imagesCommand } from "../../src/images/cli/index.js";
 import { imagesModule } from "../../src/images/index.js";
 import { startServer, type InProcessServer } from "../support/server.js";
 
