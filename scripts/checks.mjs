@@ -1,9 +1,10 @@
 // Runs the static checks of `npm test` side by side (typecheck, eslint,
-// buf lint, the gen check) and the executable's bundle build (so that the
-// tests that spawn bin/mmgate.js run the current sources as a bundle, and a
-// file that breaks the bundle fails here), prints each one's output as a
-// block once it ends, and fails if any failed. Side by side they take about
-// as long as the slowest one instead of the sum.
+// buf lint, the gen check, the docs' TypeScript blocks) and the
+// executable's bundle build (so that the tests that spawn bin/mmgate.js run
+// the current sources as a bundle, and a file that breaks the bundle fails
+// here), prints each one's output as a block once it ends, and fails if any
+// failed. Side by side they take about as long as the slowest one instead
+// of the sum.
 import { spawn } from "node:child_process";
 
 const checks = [
@@ -11,6 +12,7 @@ const checks = [
   ["lint", "eslint", ["."]],
   ["lint:proto", "buf", ["lint"]],
   ["check:gen", process.execPath, ["scripts/check-gen.mjs"]],
+  ["check:docs", process.execPath, ["scripts/check-doc-code.mjs"]],
   ["build", process.execPath, ["scripts/build-cli.mjs"]],
 ];
 

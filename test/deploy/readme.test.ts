@@ -4,6 +4,8 @@
  * decoded by the node line it pipes into), the OpenAI-shaped route with
  * plain curl, and the OpenAI SDK (examples/openai-images.mjs). The commands
  * are read from README.md itself, so the README cannot drift from what works.
+ * And the README's inventories held to the tree: the Layout lists every
+ * folder of src/, the Dependencies section every runtime dependency.
  */
 import { spawn } from "node:child_process";
 import { mkdtempSync, readdirSync, readFileSync, rmSync } from "node:fs";
@@ -15,6 +17,15 @@ import { repoRoot, runMmgate, startServer, type InProcessServer } from "../suppo
 
 const PNG_MAGIC = "89504e470d0a1a0a";
 const README_ADDR = "127.0.0.1:50051";
+
+/** The README's section under the level-2 heading `title`, up to the next one. */
+function readmeSection(title: string): string {
+  const readme = readFileSync(join(repoRoot, "README.md"), "utf8");
+  const start = readme.indexOf(`\n## ${title}\n`);
+  expect(start, `README has a "## ${title}" section`).to.be.above(-1);
+  const end = readme.indexOf("\n## ", start + 1);
+  return readme.slice(start, end === -1 ? undefined : end);
+}
 
 /** The quick start section's shell blocks, with `\`-continued lines joined. */
 function quickStartCommands(): string[] {
@@ -137,5 +148,38 @@ describe("README quick start: a generated image three ways", function () {
     expect(res.code, res.stderr).to.equal(0);
     numberedPngs(work, Number(argv[2]));
     expect(res.stdout.trim().split("\n")).to.have.length(Number(argv[2]));
+  });
+});
+
+describe("README inventories", () => {
+  it("the Layout lists every folder of src/, each with what it is for, and no other", () => {
+    const block = /```\n([\s\S]*?)```/.exec(readmeSection("Layout"))?.[1];
+    expect(block, "the Layout section has a plain code block").to.be.a("string");
+    const listed = new Map<string, string>();
+    for (const line of block!.split("\n")) {
+      const m = /^src\/([^/\s]+)\/\s+(\S.*)$/.exec(line);
+      if (m) listed.set(m[1]!, m[2]!);
+    }
+    const folders = readdirSync(join(repoRoot, "src"), { withFileTypes: true })
+      .filter((e) => e.isDirectory())
+      .map((e) => e.name)
+      .sort();
+    expect(folders.filter((f) => !listed.has(f)), "src/ folders missing from the README's Layout").to.deep.equal([]);
+    expect([...listed.keys()].filter((f) => !folders.includes(f)), "Layout entries for src/ folders that do not exist").to.deep.equal([]);
+  });
+
+  it("Dependencies and why names every runtime dependency of package.json, and only packages it declares", () => {
+    const pkg = JSON.parse(readFileSync(join(repoRoot, "package.json"), "utf8")) as { dependencies: Record<string, string>; devDependencies: Record<string, string> };
+    const named = new Set<string>();
+    for (const line of readmeSection("Dependencies and why").split("\n")) {
+      const firstCell = /^\|([^|]*)\|/.exec(line)?.[1];
+      if (firstCell === undefined) continue;
+      for (const m of firstCell.matchAll(/`([^`]+)`/g)) named.add(m[1]!);
+    }
+    expect(named.size, "the section has a table of packages").to.be.above(0);
+    const runtime = Object.keys(pkg.dependencies).sort();
+    expect(runtime.filter((d) => !named.has(d)), "runtime dependencies missing from the README's Dependencies and why").to.deep.equal([]);
+    const declared = new Set([...runtime, ...Object.keys(pkg.devDependencies)]);
+    expect([...named].filter((d) => !declared.has(d)), "packages the section names that package.json does not declare").to.deep.equal([]);
   });
 });
