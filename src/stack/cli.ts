@@ -120,7 +120,8 @@ The whole stack on one machine, each part its own process on 127.0.0.1:
   etcd, nats-server   the host's (Debian packages etcd-server, nats-server), data under DIR;
                       nats-server with JetStream on (-js -sd DIR/nats)
   relay               KV relay (module relay), one pool "default", also fed from NATS
-                      (subject kv.events.default)
+                      JetStream (stream MMGATE_KV_EVENTS on subject kv.events.default,
+                      durable consumer mmgate-relay-default)
   router              mirrors the relay's pools (mmgate router, OverlapService)
   encoder-1..N        Encode workers (modules media, encodeWorker), registered in etcd
                       under /mmgate/stack/encoder/encode/encoder-<i>

@@ -17,6 +17,17 @@ export const ENCODER_POOL = Object.freeze({ namespace: "stack", component: "enco
 export const RELAY_POOL = "default";
 export const NATS_SUBJECT = "kv.events.default";
 
+/**
+ * The pool reads NATS through JetStream (nats-server runs with it on): the
+ * stream the relay creates on that subject, kept on disk (every default of
+ * `relay.pools[].nats.jetstream`: 24 h, 1 GiB), and the relay's durable
+ * consumer, named for the pool (one per relay process and pool). Events
+ * published while the relay is down wait there, and a relay that starts
+ * replays the stream into its empty filter.
+ */
+export const NATS_STREAM = "MMGATE_KV_EVENTS";
+export const NATS_DURABLE = `mmgate-relay-${RELAY_POOL}`;
+
 /** How long a role's calls get to finish when it is stopped (`shutdown.graceMs`). */
 export const ROLE_GRACE_MS = 3000;
 
@@ -83,7 +94,14 @@ export function roleConfig(kind: RoleKind, common: CommonSettings, peers: Peers)
       return {
         ...base(common),
         modules: ["relay"],
-        relay: { pools: [{ name: RELAY_POOL, nats: { servers: [need(peers.natsAddress, "nats-server's address")], subject: NATS_SUBJECT } }] },
+        relay: {
+          pools: [
+            {
+              name: RELAY_POOL,
+              nats: { servers: [need(peers.natsAddress, "nats-server's address")], subject: NATS_SUBJECT, jetstream: { stream: NATS_STREAM, durable: NATS_DURABLE } },
+            },
+          ],
+        },
       };
     case "router":
       // The role command sets the modules (router); the file does not name them.

@@ -1,11 +1,11 @@
 /**
  * The whole stack on one machine, each part its own process on loopback:
  * etcd and nats-server (the host's), a KV relay with one pool (also fed from
- * NATS), a router mirroring it, N Encode workers registering in etcd, the
- * demo token worker, an encode hop routing over the workers it finds in etcd
- * and forwarding to the token worker, and the image API. Every mmgate role
- * is `node bin/mmgate.js serve -c <dir>/<role>.yaml` (the router: `router
- * -c`), with a fresh CA, server certificate and token.
+ * a NATS JetStream stream), a router mirroring it, N Encode workers
+ * registering in etcd, the demo token worker, an encode hop routing over the
+ * workers it finds in etcd and forwarding to the token worker, and the image
+ * API. Every mmgate role is `node bin/mmgate.js serve -c <dir>/<role>.yaml`
+ * (the router: `router -c`), with a fresh CA, server certificate and token.
  *
  * Roles start in dependency order, each serving before the next that needs
  * it starts: etcd and nats-server; then together the relay, the Encode
@@ -144,7 +144,11 @@ export interface Stack {
    * reported to onRoleExit.
    */
   kill(name: string, signal?: NodeJS.Signals): Promise<void>;
-  /** Starts a stopped role again with its config file, on its last port unless `newPort`; resolves once it serves. */
+  /**
+   * Starts a stopped role again with its config file, on its last port unless
+   * `newPort`; resolves once it serves. etcd and nats-server start on their
+   * data directories (JetStream's streams survive a restart of nats-server).
+   */
   start(name: string, options?: RoleStartOptions): Promise<RoleInfo>;
   /** Drains and stops every process in order (idempotent: later calls get the same report). */
   stop(): Promise<StopReport>;

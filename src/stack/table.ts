@@ -7,6 +7,7 @@
 import { isAbsolute, relative } from "node:path";
 import { fileURLToPath } from "node:url";
 import { rootUrl } from "../paths.js";
+import { NATS_STREAM, NATS_SUBJECT } from "./configs.js";
 import type { RoleInfo, Stack } from "./stack.js";
 
 /** `path` relative to `cwd` when it lies below it (shorter to read and paste), absolute otherwise. */
@@ -74,7 +75,10 @@ export function stackCommands(stack: Stack, cwd: string = process.cwd()): { read
     { comment: "the hop's Encode workers (admitted from etcd) and counters", args: ["hop", "status", "--addr", hop, ...ca] },
     { comment: "grpc.health.v1 of the router", args: ["health", "--addr", stack.address("router"), ...ca] },
     { comment: "the relay's pool as a router mirrors it (Ctrl-C to end)", args: ["relay", "watch", relay, ...ca] },
-    { comment: "router events into the relay's pool", args: ["kv", "publish", "--pool", "default", shownPath(stack.eventsFile, cwd), "--addr", relay, ...ca, ...token] },
+    {
+      comment: `router events into the relay's pool over its gRPC ingest (workers publish to JetStream instead: stream ${NATS_STREAM}, subject ${NATS_SUBJECT})`,
+      args: ["kv", "publish", "--pool", "default", shownPath(stack.eventsFile, cwd), "--addr", relay, ...ca, ...token],
+    },
     { comment: "two images from the reference provider", args: ["images", "generate", "a red fox", "-n", "2", "--out", shownPath(stack.imagesDir, cwd), "--addr", stack.address("images"), ...ca, ...token] },
   ];
 }

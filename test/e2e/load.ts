@@ -80,9 +80,13 @@ class GuardedSessionManager implements SessionManager {
   }
 }
 
-/** A gRPC transport over one HTTP/2 (TLS) connection to `baseUrl`, safe from connect-es#1768 (above). */
-export function guardedTransport(baseUrl: string, options: SecureClientSessionOptions): Transport {
-  return createGrpcTransport({ baseUrl, sessionManager: new GuardedSessionManager(baseUrl, options) });
+/**
+ * A gRPC transport over one HTTP/2 (TLS) connection to `baseUrl`, safe from
+ * connect-es#1768 (above); `readMaxBytes` raises its read limit (a relay's
+ * snapshot chunks).
+ */
+export function guardedTransport(baseUrl: string, options: SecureClientSessionOptions, readMaxBytes?: number): Transport {
+  return createGrpcTransport({ baseUrl, sessionManager: new GuardedSessionManager(baseUrl, options), ...(readMaxBytes !== undefined ? { readMaxBytes } : {}) });
 }
 
 /** Session errors the guard kept from being uncaught exceptions, so far. */
