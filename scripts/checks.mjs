@@ -1,4 +1,5 @@
-// Runs the static checks of `npm test` side by side (typecheck, eslint,
+// Runs the static checks of `npm test` side by side (typecheck, the
+// console's browser code's typecheck, eslint,
 // buf lint, the gen check, the docs' TypeScript blocks) and the
 // executable's bundle build (so that the tests that spawn bin/mmgate.js run
 // the current sources as a bundle, and a file that breaks the bundle fails
@@ -9,6 +10,8 @@ import { spawn } from "node:child_process";
 
 const checks = [
   ["typecheck", "tsc", ["--noEmit", "-p", "."]],
+  // The console's browser code has DOM types and a tsconfig of its own.
+  ["typecheck:console", "tsc", ["--noEmit", "-p", "src/console/web"]],
   ["lint", "eslint", ["."]],
   ["lint:proto", "buf", ["lint"]],
   ["check:gen", process.execPath, ["scripts/check-gen.mjs"]],

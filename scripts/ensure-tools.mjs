@@ -3,7 +3,8 @@
 // tests), nats-server (a real NATS server for the relay's NATS source;
 // Debian puts it in /usr/sbin), ffmpeg (ffprobe and ffmpeg, which the
 // media module's video decoder runs) and prometheus (its promtool checks
-// deploy/prometheus/alerts.yaml). `npm test` runs it first, so a fresh
+// deploy/prometheus/alerts.yaml) and chromium (the browser the console's
+// tests in test/browser drive). `npm test` runs it first, so a fresh
 // machine needs nothing by hand.
 // Without apt-get or root it says what is missing and leaves the tests to
 // skip (or, with CI set, to fail).
@@ -17,6 +18,7 @@ const tools = [
   { command: "ffmpeg", pkg: "ffmpeg" },
   { command: "ffprobe", pkg: "ffmpeg" },
   { command: "promtool", pkg: "prometheus" },
+  { command: "chromium", pkg: "chromium" },
 ];
 
 // /usr/sbin is not on every user's PATH, and Debian's nats-server lives there.

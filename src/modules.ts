@@ -1,3 +1,4 @@
+import { consoleModule } from "./console/index.js";
 import { encodeHopModule, encodeWorkerModule, tokenWorkerModule } from "./encode/index.js";
 import { imagesModule } from "./images/index.js";
 import { mediaModule } from "./media/index.js";
@@ -23,6 +24,7 @@ export const MODULES: readonly ModuleEntry[] = Object.freeze([
   { module: tokenWorkerModule, command: "serve" },
   { module: encodeHopModule, command: "serve" },
   { module: relayModule, command: "serve" },
+  { module: consoleModule, command: "serve" },
   { module: routerModule, command: "router" },
 ]);
 
