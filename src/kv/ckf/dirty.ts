@@ -27,8 +27,11 @@ export class DirtyWindow implements CkfWriteObserver {
   /** Four u16 slots per entry of `order`: the bucket before its first write. */
   private originals: Uint16Array;
   private count = 0;
+  /** The same memory as u64 words (the lanes run on little-endian hosts only): an image's value is one read. */
+  private readonly words: BigUint64Array;
 
   constructor(private readonly slots: Uint16Array) {
+    this.words = new BigUint64Array(slots.buffer, slots.byteOffset, slots.length >>> 2);
     this.member = new Uint32Array(Math.ceil(slots.length / 4 / 32));
     this.order = new Int32Array(64);
     this.originals = new Uint16Array(64 * 4);
@@ -98,9 +101,7 @@ export class DirtyWindow implements CkfWriteObserver {
       }
       changed++;
       if (!withImages) continue;
-      const lo = ((s[i + 1]! << 16) | s[i]!) >>> 0;
-      const hi = ((s[i + 3]! << 16) | s[i + 2]!) >>> 0;
-      images.push(Object.freeze({ bucket, value: (BigInt(hi) << 32n) | BigInt(lo) }));
+      images.push(Object.freeze({ bucket, value: this.words[bucket]! }));
     }
     this.count = 0;
     return { images, changed, netReverted };

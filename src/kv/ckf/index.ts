@@ -49,6 +49,7 @@ export {
   type PoolId,
   type ProducerIdentity,
 } from "./identity.js";
+export { BarrierCopy } from "./barrier-copy.js";
 export { DcCkfState, type ApplyOutcome, type ApplySteps, type CanonicalOwnership, type DcCkfStateOptions, type DcCkfStats, type PauseCheck } from "./state.js";
 export { DcCkfPublisher, type DcCkfPublisherOptions, type DeliverySink, type PublishResult } from "./publisher.js";
 export { isRouterEventJsonError, MAX_ROUTER_EVENT_JSON_BYTES, RouterEventJsonError, routerEventFromJson, routerEventsFromJsonLines, type NumberedRouterEvent, type RouterEventJsonErrorCode, type RouterEventJsonOptions } from "./event-json.js";

@@ -6,6 +6,7 @@
  */
 import { CkfError, type FenceReason } from "./errors.js";
 import { sameFormat, type ConsumerDrainMarker, type DcCkfDelta, type DcCkfPublicationBatch, type DcCkfSnapshot, type LaneLease, type ProducerIdentity } from "./identity.js";
+import type { BarrierCopy } from "./barrier-copy.js";
 import type { DcCkfState } from "./state.js";
 import { isU64, U64_MAX } from "./u64.js";
 
@@ -113,6 +114,22 @@ export class DcCkfPublisher {
    * a refusal drains and publishes nothing.
    */
   snapshotAfterBarrier(state: DcCkfState, newLease: LaneLease): DcCkfSnapshot {
+    const { sequence, value: words } = this.barrier(newLease, state, () => state.barrierSnapshot());
+    return Object.freeze({ identity: this.identity, lease: newLease, sequence, buckets: words });
+  }
+
+  /**
+   * snapshotAfterBarrier with the lane copied in steps (DcCkfState.
+   * beginBarrierCopy): the same checks, tail and lease; the snapshot is at
+   * `sequence` once `copy` is done, and the deltas published meanwhile
+   * continue from it.
+   */
+  barrierInSteps(state: DcCkfState, newLease: LaneLease): { readonly sequence: bigint; readonly copy: BarrierCopy } {
+    const { sequence, value: copy } = this.barrier(newLease, state, () => state.beginBarrierCopy());
+    return { sequence, copy };
+  }
+
+  private barrier<T>(newLease: LaneLease, state: DcCkfState, take: () => [DcCkfPublicationBatch | undefined, T]): { sequence: bigint; value: T } {
     const format = state.format();
     if (!sameFormat(format, this.identity.format)) {
       throw new CkfError(
@@ -124,7 +141,7 @@ export class DcCkfPublisher {
     if (this.last === U64_MAX || this.fenceValue === "SequenceExhausted") {
       throw new CkfError("SequenceExhausted", "the publication sequence is exhausted; start a new producer generation");
     }
-    const [tail, words] = state.barrierSnapshot();
+    const [tail, value] = take();
     if (this.fenceValue === undefined && tail !== undefined) {
       try {
         this.publish(tail);
@@ -136,7 +153,7 @@ export class DcCkfPublisher {
     }
     this.leaseValue = newLease;
     this.fenceValue = undefined;
-    return Object.freeze({ identity: this.identity, lease: newLease, sequence: this.last, buckets: words });
+    return { sequence: this.last, value };
   }
 
   /** The lease and the sequence its consumer must end at, if there is a lease. */

@@ -6,27 +6,26 @@
  * and a member's own block ids ("external" hashes) map to canonical hashes
  * through that member's lineage.
  *
- * Hashes are bigint at this layer (events carry bigints, Maps key on them);
- * each block crosses to the (hi, lo) filter path once.
+ * Events carry hashes as bigints; each crosses to (hi, lo) u32 halves once,
+ * and everything after (the chain hash, the lineage and ownership tables,
+ * the filter) works on the halves, so applying a block allocates nothing.
  */
-import { computeNextSeqHash } from "../hash/index.js";
+import { CHAIN_XXH3_SEED } from "../hash/index.js";
+import { BarrierCopy } from "./barrier-copy.js";
 import { ckfConfig, formatIdentity, validateCkfConfig, type CkfConfig, type CkfConfigInit, type DcCkfFormatIdentity } from "./config.js";
 import { DirtyWindow } from "./dirty.js";
 import { CkfError, describeValue } from "./errors.js";
 import { residencyGate, type KvCacheEventData, type RouterEvent, type StoredBlock } from "./events.js";
 import type { DcCkfPublicationBatch } from "./identity.js";
 import { CkfLane } from "./lane.js";
-import { hi32, isU32, isU64, lo32 } from "./u64.js";
+import { hi32, isU32, isU64, joinU64, lo32 } from "./u64.js";
+import { EventScratchMap, LineageMap, OwnerTable } from "./u64-tables.js";
+import { Xxh3Of16 } from "./xxh3-16.js";
 
 /** One canonical hash's owners; `resident` is whether its fingerprint is in the filter. */
 export interface CanonicalOwnership {
   readonly owners: number;
   readonly resident: boolean;
-}
-
-interface OwnerEntry {
-  owners: number;
-  resident: boolean;
 }
 
 /** What applying one event (or removing members) did. */
@@ -99,50 +98,9 @@ function runToEnd<T>(steps: Generator<void, T, void>): T {
   }
 }
 
-type Lineage = Map<bigint, bigint>;
-
-/** Shards of the owner table: a power of two. */
-const OWNER_SHARDS = 256;
-
-/**
- * A map of u64 keys over OWNER_SHARDS Maps picked by the key's low bits.
- * A Map that outgrows its table rehashes every entry in one call: at a
- * million entries that is tens of milliseconds in which nothing else runs,
- * whatever slices the work around it. Sharded, each rehash is 1/256 of that.
- * Only get, set, delete, size and an unordered walk of the values: nothing
- * reads the owner table in insertion order.
- */
-class ShardedMap<V> {
-  private readonly shards: Map<bigint, V>[] = Array.from({ length: OWNER_SHARDS }, () => new Map<bigint, V>());
-  private count = 0;
-
-  private shard(key: bigint): Map<bigint, V> {
-    return this.shards[Number(BigInt.asUintN(8, key))]!;
-  }
-
-  get(key: bigint): V | undefined {
-    return this.shard(key).get(key);
-  }
-
-  set(key: bigint, value: V): void {
-    const shard = this.shard(key);
-    const size = shard.size;
-    shard.set(key, value);
-    this.count += shard.size - size;
-  }
-
-  delete(key: bigint): void {
-    if (this.shard(key).delete(key)) this.count--;
-  }
-
-  get size(): number {
-    return this.count;
-  }
-
-  *values(): Generator<V, void, undefined> {
-    for (const shard of this.shards) yield* shard.values();
-  }
-}
+/** Splits a bigint into halves without BigInt arithmetic (see u64.ts): one store, two reads. */
+const SPLIT_U64 = new BigUint64Array(1);
+const SPLIT_U32 = new Uint32Array(SPLIT_U64.buffer);
 
 export class DcCkfState {
   readonly config: CkfConfig;
@@ -155,8 +113,17 @@ export class DcCkfState {
   /** An application in steps has started and not finished: nothing else may change the state meanwhile. */
   private stepping = false;
   /** workerId -> dpRank -> external hash -> canonical hash. */
-  private readonly members = new Map<bigint, Map<number, Lineage>>();
-  private readonly owners = new ShardedMap<OwnerEntry>();
+  private readonly members = new Map<bigint, Map<number, LineageMap>>();
+  private readonly owners = new OwnerTable();
+  /** The barrier copy under way, if any (beginBarrierCopy). */
+  private copy: BarrierCopy | undefined;
+  private readonly chain = new Xxh3Of16(CHAIN_XXH3_SEED);
+  /** A Stored event's own block hash -> canonical hash, to refuse one block hash given two sequences. */
+  private readonly batch = new EventScratchMap();
+  /** A Stored event's canonical hashes as (hi, lo) pairs; only one event applies at a time, so one buffer serves. */
+  private canonicals = new Uint32Array(64);
+  /** Per block of that event: 1 when its block hash was in neither the lineage nor earlier in the event. */
+  private fresh = new Uint8Array(32);
   private pending = 0;
   private unknownRemovals = 0;
   private parentNotFound = 0;
@@ -238,11 +205,13 @@ export class DcCkfState {
         case "removed": {
           const lineage = this.members.get(event.workerId)?.get(event.dpRank);
           for (const hash of data.blockHashes) {
-            const failed = this.removeMapping(lineage, hash);
+            SPLIT_U64[0] = hash;
+            const failed = this.removeMapping(lineage, SPLIT_U32[1]!, SPLIT_U32[0]!);
             error ??= failed;
             if (pause()) yield;
           }
           if (lineage !== undefined && lineage.size === 0) this.dropMember(event.workerId, event.dpRank);
+          else lineage?.compactIfSparse();
           break;
         }
         case "cleared":
@@ -329,6 +298,38 @@ export class DcCkfState {
     return [this.drainPublication(), words];
   }
 
+  /**
+   * barrierSnapshot in steps: the drained tail, and a copy of the lane as it
+   * is now that the caller completes with `step()` across turns while the
+   * state goes on changing (BarrierCopy: copy-on-write, so it ends exactly
+   * this instant's lane). One at a time; `cancelBarrierCopy` drops it.
+   */
+  beginBarrierCopy(): [DcCkfPublicationBatch | undefined, BarrierCopy] {
+    if (this.copy !== undefined) throw new Error("DcCkfState: a barrier copy is already under way");
+    const window = this.window;
+    const copy: BarrierCopy = new BarrierCopy(this.lane.slots, () => this.endBarrierCopy(copy));
+    this.copy = copy;
+    // Every write is seen by the dirty window, then by the copy (which saves the bucket if it has not reached it).
+    this.lane.observer = {
+      beforeWrite(bucket: number): void {
+        window.beforeWrite(bucket);
+        copy.beforeWrite(bucket);
+      },
+    };
+    return [this.drainPublication(), copy];
+  }
+
+  /** Stops following the lane for the barrier copy under way, if any: its words are incomplete and must not be used. */
+  cancelBarrierCopy(): void {
+    if (this.copy !== undefined) this.endBarrierCopy(this.copy);
+  }
+
+  private endBarrierCopy(copy: BarrierCopy): void {
+    if (this.copy !== copy) return;
+    this.copy = undefined;
+    this.lane.observer = this.window;
+  }
+
   /** Whether the filter claims `seqHash` (a canonical sequence hash); never for a value that is not a u64. */
   contains(seqHash: bigint): boolean {
     return isU64(seqHash) && this.lane.contains(hi32(seqHash), lo32(seqHash));
@@ -336,13 +337,15 @@ export class DcCkfState {
 
   /** The owners of a canonical hash, if any. */
   ownership(seqHash: bigint): CanonicalOwnership | undefined {
-    const entry = this.owners.get(seqHash);
-    return entry === undefined ? undefined : { owners: entry.owners, resident: entry.resident };
+    if (!isU64(seqHash) || !this.owners.find(hi32(seqHash), lo32(seqHash))) return undefined;
+    return { owners: this.owners.owners, resident: this.owners.resident };
   }
 
   /** The canonical hash a member's external block hash maps to, if any. */
   canonicalOf(workerId: bigint, dpRank: number, externalHash: bigint): bigint | undefined {
-    return this.members.get(workerId)?.get(dpRank)?.get(externalHash);
+    const lineage = this.members.get(workerId)?.get(dpRank);
+    if (lineage === undefined || !isU64(externalHash) || !lineage.find(hi32(externalHash), lo32(externalHash))) return undefined;
+    return joinU64(lineage.valueHi, lineage.valueLo);
   }
 
   format(): DcCkfFormatIdentity {
@@ -378,8 +381,7 @@ export class DcCkfState {
         contributions += lineage.size;
       }
     }
-    let nonResident = 0;
-    for (const entry of this.owners.values()) if (!entry.resident) nonResident++;
+    const nonResident = this.owners.countNonResident();
     return {
       members,
       contributions,
@@ -405,67 +407,111 @@ export class DcCkfState {
 
   private *storedSteps(workerId: bigint, dpRank: number, data: Extract<KvCacheEventData, { kind: "stored" }>, pause: PauseCheck): Generator<void, CkfError | undefined, void> {
     const blocks = data.blocks;
-    if (blocks.length === 0) return undefined;
+    const n = blocks.length;
+    if (n === 0) return undefined;
     let lineage = this.members.get(workerId)?.get(dpRank);
-    let parent: bigint | undefined;
+    // The parent's canonical hash, as halves; `chained` says whether there is one.
+    let chained = false;
+    let parentHi = 0;
+    let parentLo = 0;
     if (data.parentHash !== undefined) {
-      parent = lineage?.get(data.parentHash);
-      if (parent === undefined) {
+      SPLIT_U64[0] = data.parentHash;
+      if (lineage === undefined || !lineage.find(SPLIT_U32[1]!, SPLIT_U32[0]!)) {
         this.parentNotFound++;
         return new CkfError("ParentBlockNotFound", `parent block ${data.parentHash} is not in the lineage of worker ${workerId} rank ${dpRank}`);
       }
+      chained = true;
+      parentHi = lineage.valueHi;
+      parentLo = lineage.valueLo;
     } else if (data.startPosition !== undefined && data.startPosition !== 0) {
       return new CkfError("InvalidBlockSequence", `a run at start position ${data.startPosition} needs a parent block`);
     }
     // Chain every canonical hash and check every mapping before touching anything:
     // a contradicting event is rejected whole.
-    const canonicals = new Array<bigint>(blocks.length);
-    const batch = new Map<bigint, bigint>();
-    for (let i = 0; i < blocks.length; i++) {
+    if (this.fresh.length < n) {
+      this.fresh = new Uint8Array(Math.max(n, this.fresh.length * 2));
+      this.canonicals = new Uint32Array(this.fresh.length * 2);
+    }
+    const canonicals = this.canonicals;
+    const fresh = this.fresh;
+    const batch = this.batch;
+    const chain = this.chain;
+    batch.reset(n);
+    for (let i = 0; i < n; i++) {
       const block = blocks[i]!;
-      const canonical = parent === undefined ? block.tokensHash : computeNextSeqHash(parent, block.tokensHash);
-      const known = lineage?.get(block.blockHash) ?? batch.get(block.blockHash);
-      if (known !== undefined && known !== canonical) {
+      SPLIT_U64[0] = block.tokensHash;
+      let hi = SPLIT_U32[1]!;
+      let lo = SPLIT_U32[0]!;
+      if (chained) {
+        chain.hash(parentHi, parentLo, hi, lo);
+        hi = chain.hi;
+        lo = chain.lo;
+      }
+      SPLIT_U64[0] = block.blockHash;
+      const externalHi = SPLIT_U32[1]!;
+      const externalLo = SPLIT_U32[0]!;
+      let conflict: boolean;
+      if (lineage !== undefined && lineage.find(externalHi, externalLo)) {
+        conflict = lineage.valueHi !== hi || lineage.valueLo !== lo;
+        fresh[i] = 0;
+      } else if (batch.find(externalHi, externalLo)) {
+        conflict = batch.valueHi !== hi || batch.valueLo !== lo;
+        fresh[i] = 0;
+      } else {
+        conflict = false;
+        fresh[i] = 1;
+      }
+      if (conflict) {
         return new CkfError(
           "InvalidBlockSequence",
           `block ${block.blockHash} of worker ${workerId} rank ${dpRank} is already mapped to another sequence`,
         );
       }
-      batch.set(block.blockHash, canonical);
-      canonicals[i] = canonical;
-      parent = canonical;
+      batch.set(externalHi, externalLo, hi, lo);
+      canonicals[i * 2] = hi;
+      canonicals[i * 2 + 1] = lo;
+      chained = true;
+      parentHi = hi;
+      parentLo = lo;
       // Nothing has changed yet; a pause here only delays the rest of the check.
       if (pause()) yield;
     }
     if (lineage === undefined) lineage = this.addMember(workerId, dpRank);
+    const owners = this.owners;
     let error: CkfError | undefined;
-    for (let i = 0; i < blocks.length; i++) {
+    for (let i = 0; i < n; i++) {
       // Each block is done (or skipped) whole before a pause: a failed insert has rolled back by then.
       if (i > 0 && pause()) yield;
-      const external = blocks[i]!.blockHash;
-      const canonical = canonicals[i]!;
-      let entry = this.owners.get(canonical);
-      if (lineage.get(external) === canonical) {
+      SPLIT_U64[0] = blocks[i]!.blockHash;
+      const externalHi = SPLIT_U32[1]!;
+      const externalLo = SPLIT_U32[0]!;
+      const hi = canonicals[i * 2]!;
+      const lo = canonicals[i * 2 + 1]!;
+      // A fresh block hash cannot be in the lineage yet: only this event's earlier blocks were added since the check.
+      const mapped = fresh[i] === 0 && lineage.find(externalHi, externalLo);
+      const owned = owners.find(hi, lo);
+      if (mapped && lineage.valueHi === hi && lineage.valueLo === lo) {
         // Re-offer of a known mapping: a cheap retry for a block that once failed admission.
-        if (entry !== undefined && !entry.resident && this.admit(canonical, false)) entry.resident = true;
+        if (owned && !owners.resident && this.admit(hi, lo, false)) owners.resident = true;
         continue;
       }
-      if (entry === undefined) {
-        entry = { owners: 0, resident: false };
-        this.owners.set(canonical, entry);
-      } else if (entry.owners >= this.maxOwners) {
-        error ??= new CkfError("OwnershipDegreeOverflow", `sequence ${canonical} already has ${entry.owners} owners`);
+      if (!owned) {
+        owners.insert(hi, lo);
+      } else if (owners.owners >= this.maxOwners) {
+        error ??= new CkfError("OwnershipDegreeOverflow", `sequence ${joinU64(hi, lo)} already has ${owners.owners} owners`);
         continue;
       }
-      entry.owners++;
-      lineage.set(external, canonical);
-      if (entry.resident) continue;
+      owners.owners = owners.owners + 1;
+      // The check above refused a block hash mapped to another sequence: unmapped here, in practice.
+      if (mapped) lineage.set(externalHi, externalLo, hi, lo);
+      else lineage.add(externalHi, externalLo, hi, lo);
+      if (owners.resident) continue;
       // Ownership commits even if the filter is full: a later removal must still balance it.
-      if (this.admit(canonical, true)) {
-        entry.resident = true;
+      if (this.admit(hi, lo, true)) {
+        owners.resident = true;
       } else {
         this.capacityFailures++;
-        error ??= new CkfError("CapacityExhausted", `no room for sequence ${canonical} after ${this.config.maxKicks} kicks`);
+        error ??= new CkfError("CapacityExhausted", `no room for sequence ${joinU64(hi, lo)} after ${this.config.maxKicks} kicks`);
       }
     }
     if (lineage.size === 0) this.dropMember(workerId, dpRank);
@@ -473,9 +519,9 @@ export class DcCkfState {
   }
 
   /** Inserts one fingerprint; a failed insert leaves neither the lane nor the dirty window changed. */
-  private admit(canonical: bigint, relocate: boolean): boolean {
+  private admit(hi: number, lo: number, relocate: boolean): boolean {
     const mark = this.window.mark();
-    if (this.lane.insert(hi32(canonical), lo32(canonical), relocate)) {
+    if (this.lane.insert(hi, lo, relocate)) {
       this.physicalTouches += this.lane.lastWrites;
       return true;
     }
@@ -484,23 +530,25 @@ export class DcCkfState {
   }
 
   /** Drops one mapping of a member (B.4 Removed); unknown hashes are counted no-ops. */
-  private removeMapping(lineage: Lineage | undefined, external: bigint): CkfError | undefined {
-    const canonical = lineage?.get(external);
-    if (lineage === undefined || canonical === undefined) {
+  private removeMapping(lineage: LineageMap | undefined, externalHi: number, externalLo: number): CkfError | undefined {
+    if (lineage === undefined || !lineage.find(externalHi, externalLo)) {
       this.unknownRemovals++;
       return undefined;
     }
-    lineage.delete(external);
-    const entry = this.owners.get(canonical);
-    if (entry === undefined) return new CkfError("IndexerInvariantViolation", `sequence ${canonical} is mapped but has no owners`);
-    if (entry.owners > 1) {
-      entry.owners--;
+    const hi = lineage.valueHi;
+    const lo = lineage.valueLo;
+    lineage.delete(externalHi, externalLo);
+    const owners = this.owners;
+    if (!owners.find(hi, lo)) return new CkfError("IndexerInvariantViolation", `sequence ${joinU64(hi, lo)} is mapped but has no owners`);
+    if (owners.owners > 1) {
+      owners.owners = owners.owners - 1;
       return undefined;
     }
-    this.owners.delete(canonical);
-    if (!entry.resident) return undefined;
+    const resident = owners.resident;
+    owners.remove();
+    if (!resident) return undefined;
     try {
-      this.lane.remove(hi32(canonical), lo32(canonical));
+      this.lane.remove(hi, lo);
       this.physicalTouches += this.lane.lastWrites;
       return undefined;
     } catch (error) {
@@ -516,8 +564,11 @@ export class DcCkfState {
     const lineage = this.members.get(workerId)?.get(dpRank);
     if (lineage === undefined) return undefined;
     let error: CkfError | undefined;
-    for (const external of [...lineage.keys()]) {
-      const failed = this.removeMapping(lineage, external);
+    // In insertion order, over the entries there now: removals only mark entries dead, nothing is added meanwhile.
+    const end = lineage.end;
+    for (let position = 0; position < end; position++) {
+      if (!lineage.isLive(position)) continue;
+      const failed = this.removeMapping(lineage, lineage.keyHi(position), lineage.keyLo(position));
       error ??= failed;
       if (pause()) yield;
     }
@@ -525,13 +576,13 @@ export class DcCkfState {
     return error;
   }
 
-  private addMember(workerId: bigint, dpRank: number): Lineage {
+  private addMember(workerId: bigint, dpRank: number): LineageMap {
     let ranks = this.members.get(workerId);
     if (ranks === undefined) {
       ranks = new Map();
       this.members.set(workerId, ranks);
     }
-    const lineage: Lineage = new Map();
+    const lineage = new LineageMap();
     ranks.set(dpRank, lineage);
     return lineage;
   }
