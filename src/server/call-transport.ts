@@ -2,6 +2,7 @@ import type { ServerHttp2Stream } from "node:http2";
 import { Socket } from "node:net";
 import type { ContextValues } from "@connectrpc/connect";
 import { PacedWrites } from "./paced-writes.js";
+import type { MethodMetrics } from "./metrics.js";
 import { rpcRecordKey } from "./rpc-observer.js";
 
 /**
@@ -36,6 +37,62 @@ export function callTransportOf(ctx: { readonly values: ContextValues }): CallTr
 export function pacedWritesOf(ctx: { readonly values: ContextValues }): PacedWrites | undefined {
   const via = ctx.values.get(rpcRecordKey)?.transport;
   return via === undefined || isSocket(via) ? undefined : PacedWrites.of(via);
+}
+
+/**
+ * Whole messages written straight onto a call's HTTP/2 stream
+ * (PacedWrites.writeDirect), each counted as a message the call sent, and
+ * the backlog that paces them.
+ */
+export interface DirectMessages {
+  /** Bytes written and not yet taken by HTTP/2. */
+  readonly backlog: number;
+  /** Resolves once the backlog is below `bytes` (or the stream closed). */
+  whenBelow(bytes: number): Promise<void>;
+  /** Writes one length-prefixed message; false when the stream is gone or ending. */
+  write(envelope: Buffer): boolean;
+}
+
+/**
+ * Direct message writes for the call of `ctx` (HTTP/2 only; undefined over
+ * HTTP/1.1 or without a transport). The handler must only write once the
+ * transport sent the response headers (after its first message) and while
+ * the transport waits for its next message, and the bytes must be messages
+ * in the call's own format.
+ */
+export function directMessagesOf(ctx: { readonly values: ContextValues }): DirectMessages | undefined {
+  const record = ctx.values.get(rpcRecordKey);
+  const via = record?.transport;
+  if (record === undefined || via === undefined || isSocket(via)) return undefined;
+  const paced = PacedWrites.of(via);
+  const series = record.series;
+  return {
+    get backlog() {
+      return paced.backlog;
+    },
+    whenBelow: (bytes) => paced.whenBelow(bytes),
+    write(envelope) {
+      if (!paced.writeDirect(envelope)) return false;
+      countSent(series);
+      return true;
+    },
+  };
+}
+
+/**
+ * Messages written directly, counted once a turn per method: a counter's
+ * increment hashes its labels, which would cost as much as the write.
+ */
+const unsent = new Map<MethodMetrics, number>();
+
+function countSent(series: MethodMetrics): void {
+  if (unsent.size === 0) setImmediate(flushSent);
+  unsent.set(series, (unsent.get(series) ?? 0) + 1);
+}
+
+function flushSent(): void {
+  for (const [series, count] of unsent) series.sent(count);
+  unsent.clear();
 }
 
 /** An HTTP/1.1 request's socket (TLS ones included), as opposed to an HTTP/2 stream. */

@@ -22,6 +22,7 @@ import {
   uncork,
 } from "./fast-path-call.js";
 import { ConnectCall, connectUnaryFormat } from "./fast-path-connect.js";
+import { preEncodedEnvelope } from "./pre-encoded.js";
 import type { ObservedCall } from "./rpc-observer.js";
 import { peerOf, recordStatus } from "./rpc-observer.js";
 
@@ -173,7 +174,10 @@ class GrpcCall extends LeanCall {
           done = true;
           return;
         }
-        if (!this.sendMessage(this.serializeBinary(next.value), false)) await this.drained();
+        // A message serialized once for many calls (pre-encoded.ts) goes out as its bytes, copied nowhere.
+        const envelope = preEncodedEnvelope(next.value, this.method.output);
+        const ok = envelope === undefined ? this.sendMessage(this.serializeBinary(next.value), false) : this.sendEnvelope(envelope);
+        if (!ok) await this.drained();
       }
     } finally {
       // The client left, or a message could not be sent: the method's
@@ -263,6 +267,17 @@ class GrpcCall extends LeanCall {
     else ok = stream.write(parts[parts.length - 1]!);
     process.nextTick(uncork, stream);
     return last || ok;
+  }
+
+  /** Writes one whole length-prefixed message as it is (not the last); returns false when the stream asks the writer to wait. */
+  private sendEnvelope(envelope: Buffer): boolean {
+    const length = envelope.byteLength - HEADER_BYTES;
+    const max = this.path.options.writeMaxBytes;
+    if (length > max) throw new ConnectError(`message size ${length} is larger than configured writeMaxBytes ${max}`, Code.ResourceExhausted);
+    const stream = this.stream;
+    if (this.closed || stream.destroyed) return true;
+    if (!this.headersSent) this.respond();
+    return stream.write(envelope);
   }
 
   /** Ends the response: trailers only (after the headers), with `error`'s status or OK. */

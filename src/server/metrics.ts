@@ -76,7 +76,7 @@ export class RpcMetrics {
       bound = {
         started: () => started.inc(),
         received: () => received.inc(),
-        sent: () => sent.inc(),
+        sent: (count = 1) => sent.inc(count),
         handled: (code, seconds) => {
           let series = byCode.get(code);
           if (!series) {
@@ -100,6 +100,7 @@ export class RpcMetrics {
 export interface MethodMetrics {
   started(): void;
   received(): void;
-  sent(): void;
+  /** Counts `count` (default 1) messages sent. */
+  sent(count?: number): void;
   handled(code: string, seconds: number): void;
 }

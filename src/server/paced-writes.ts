@@ -11,18 +11,24 @@ import type { ServerHttp2Stream } from "node:http2";
  * Destroy discards its write queue without returning the bytes). Sixteen
  * 4 MiB messages cancelled mid-write leave a 64 MB session refusing every
  * new stream with ENHANCE_YOUR_CALM, for good. So here the native layer
- * gets one piece of at most PIECE_BYTES at a time, the next once it took the
- * previous one (put into DATA frames and written to the socket, which flow
- * control allows only as the client reads); the rest waits in JavaScript
- * and is simply released when the stream closes.
+ * holds at most PIECE_BYTES of the stream's writes at a time (a piece, or
+ * several small ones), more once it took them (put into DATA frames and
+ * written to the socket, which flow control allows only as the client
+ * reads); the rest waits in JavaScript and is simply released when the
+ * stream closes. Small pieces written in one turn go out in one socket
+ * write, as they would without pacing.
  *
  * The Writable above accepts each write at once (its callback runs as the
  * bytes join this queue), so the transport writing a message (the lean
  * path, or connect's response) never waits on 'drain' for a client that
  * does not read: it asks the handler for its next message, and the handler
- * decides, with `idle` / `whenIdle()`, to wait for this backlog to empty,
- * for its own end, or for a timeout. The end of the response (`_final`:
- * END_STREAM or trailers) waits until every queued byte was handed over.
+ * decides, with `idle` / `whenIdle()` or `backlog` / `whenBelow()`, to wait
+ * for this backlog to empty (or shrink), for its own end, or for a timeout.
+ * What a turn of the event loop writes to the stream goes to Node at the
+ * end of the turn (pumpLater), small messages joined into one piece: one
+ * write, one DATA frame, for a burst of them. The end of the response
+ * (`_final`: END_STREAM or trailers) waits until every queued byte was
+ * handed over.
  *
  * Installed by overriding the stream's Writable hooks (`_write`, `_writev`,
  * `_final`), so every writer of the stream goes through it. It assumes the
@@ -44,16 +50,23 @@ type WriteCallback = (error?: Error | null) => void;
 export class PacedWrites {
   private readonly queue: Buffer[] = [];
   private queuedBytes = 0;
-  /** A piece is in Node's native queue: its callback has not run yet. */
-  private writing = false;
+  /** Pieces in Node's native queue: their callbacks have not run yet. */
+  private pieces = 0;
+  /** Their bytes: at most PIECE_BYTES (pieces are at most that, and one joins others only within it). */
+  private inFlight = 0;
   private closedValue = false;
+  private takenBytes = 0;
+  /** A pump is due at the end of the current task. */
+  private pumpQueued = false;
   /** The stream's end, deferred until the queue is empty. */
   private finalCallback: WriteCallback | undefined;
   private waiters: (() => void)[] = [];
+  /** Waiters for the backlog to go below a size, with that size. */
+  private belowWaiters: { readonly bytes: number; readonly resolve: () => void }[] = [];
   private readonly write: (chunk: Buffer, encoding: BufferEncoding, callback: WriteCallback) => void;
   private readonly final: (callback: WriteCallback) => void;
 
-  private constructor(stream: ServerHttp2Stream) {
+  private constructor(private readonly stream: ServerHttp2Stream) {
     // Node's own hooks, which the pieces and the deferred end go through.
     this.write = stream._write.bind(stream);
     this.final = stream._final.bind(stream);
@@ -85,13 +98,47 @@ export class PacedWrites {
 
   /** Everything written so far was handed to HTTP/2 (or the stream closed: nothing will be). */
   get idle(): boolean {
-    return this.closedValue || (!this.writing && this.queuedBytes === 0);
+    return this.closedValue || (this.pieces === 0 && this.queuedBytes === 0);
   }
 
   /** Resolves once `idle`. */
   whenIdle(): Promise<void> {
     if (this.idle) return Promise.resolve();
     return new Promise((resolve) => this.waiters.push(resolve));
+  }
+
+  /**
+   * Writes bytes that are whole messages of the response past the transport
+   * that writes the others (a relay delta serialized once for every
+   * subscriber, pre-encoded.ts): queued behind whatever the stream holds.
+   * Only while that transport is between messages (its handler is making
+   * the next one) and before the response ends; false when the stream is
+   * gone or ending, and nothing was written.
+   */
+  writeDirect(bytes: Buffer): boolean {
+    const stream = this.stream;
+    if (this.closedValue || stream.writableEnded || stream.destroyed) return false;
+    // The Writable above hands each write down at once unless corked: with nothing
+    // buffered there, the bytes join this queue directly, in order, without its machinery.
+    if (stream.writableLength === 0 && stream.writableCorked === 0) this.push(bytes, "buffer" as BufferEncoding);
+    else stream.write(bytes);
+    return true;
+  }
+
+  /** Bytes HTTP/2 took so far (written out to the connection, as flow control let it): what a progress timeout watches. */
+  get taken(): number {
+    return this.takenBytes;
+  }
+
+  /** Bytes written and not yet taken by HTTP/2: queued here, plus the pieces in Node's queue (0 once the stream closed). */
+  get backlog(): number {
+    return this.closedValue ? 0 : this.queuedBytes + this.inFlight;
+  }
+
+  /** Resolves once `backlog` is below `bytes` (or the stream closed). */
+  whenBelow(bytes: number): Promise<void> {
+    if (this.backlog < bytes) return Promise.resolve();
+    return new Promise((resolve) => this.belowWaiters.push({ bytes, resolve }));
   }
 
   private push(chunk: unknown, encoding: BufferEncoding): void {
@@ -107,37 +154,62 @@ export class PacedWrites {
     if (bytes.byteLength === 0) return;
     this.queue.push(bytes);
     this.queuedBytes += bytes.byteLength;
+    // Once this turn's work is done: whatever it writes to this stream (a burst of small messages) becomes one piece.
+    if (!this.pumpQueued) {
+      this.pumpQueued = true;
+      pumpLater(this);
+    }
+  }
+
+  /** The pump `pumpLater` runs. */
+  pumpNow(): void {
+    this.pumpQueued = false;
     this.pump();
   }
 
-  /** Hands the next piece to Node, or, with nothing left, ends the stream if asked to and wakes the waiters. */
+  /**
+   * Hands Node the next pieces while what it holds stays within PIECE_BYTES
+   * (any one piece when it holds nothing), or, with nothing left, ends the
+   * stream if asked to and wakes the waiters.
+   */
   private pump(): void {
-    if (this.writing || this.closedValue) return;
-    if (this.queuedBytes === 0) {
-      const final = this.finalCallback;
-      this.finalCallback = undefined;
-      if (final !== undefined) this.final(final);
-      this.wake();
-      return;
+    if (this.closedValue) return;
+    while (this.queuedBytes > 0) {
+      const room = this.pieces === 0 ? PIECE_BYTES : PIECE_BYTES - this.inFlight;
+      // A piece that would not fit waits for the ones in flight; chunks are not cut to fill the rest.
+      if (this.pieces > 0 && this.queue[0]!.byteLength > room) return;
+      const piece = this.take(room);
+      const size = piece.byteLength;
+      this.pieces++;
+      this.inFlight += size;
+      // "buffer", as Writable names a Buffer chunk's encoding: Node then writes the bytes as they are.
+      this.write(piece, "buffer" as BufferEncoding, (error) => {
+        this.pieces--;
+        this.inFlight -= size;
+        this.takenBytes += size;
+        if (error) this.close();
+        else {
+          this.pump();
+          this.wakeBelow();
+        }
+      });
+      if (this.closedValue) return;
     }
-    const piece = this.take();
-    this.writing = true;
-    // "buffer", as Writable names a Buffer chunk's encoding: Node then writes the bytes as they are.
-    this.write(piece, "buffer" as BufferEncoding, (error) => {
-      this.writing = false;
-      if (error) this.close();
-      else this.pump();
-    });
+    if (this.pieces > 0) return;
+    const final = this.finalCallback;
+    this.finalCallback = undefined;
+    if (final !== undefined) this.final(final);
+    this.wake();
   }
 
-  /** Up to PIECE_BYTES off the front of the queue; small chunks are joined into one piece (fewer, fuller DATA frames). */
-  private take(): Buffer {
+  /** Up to `limit` bytes off the front of the queue; small chunks are joined into one piece (fewer, fuller DATA frames). */
+  private take(limit: number): Buffer {
     const first = this.queue[0]!;
-    if (first.byteLength >= PIECE_BYTES || this.queue.length === 1) return this.slice(Math.min(first.byteLength, PIECE_BYTES));
+    if (first.byteLength >= limit || this.queue.length === 1) return this.slice(Math.min(first.byteLength, limit));
     const parts: Buffer[] = [];
     let size = 0;
-    while (size < PIECE_BYTES && this.queue.length > 0) {
-      const part = this.slice(Math.min(this.queue[0]!.byteLength, PIECE_BYTES - size));
+    while (size < limit && this.queue.length > 0) {
+      const part = this.slice(Math.min(this.queue[0]!.byteLength, limit - size));
       parts.push(part);
       size += part.byteLength;
     }
@@ -164,6 +236,18 @@ export class PacedWrites {
     this.queuedBytes = 0;
     this.finalCallback = undefined;
     this.wake();
+    this.wakeBelow();
+  }
+
+  private wakeBelow(): void {
+    if (this.belowWaiters.length === 0) return;
+    const backlog = this.backlog;
+    const waiting = this.belowWaiters;
+    this.belowWaiters = [];
+    for (const waiter of waiting) {
+      if (backlog < waiter.bytes) waiter.resolve();
+      else this.belowWaiters.push(waiter);
+    }
   }
 
   private wake(): void {
@@ -175,3 +259,22 @@ export class PacedWrites {
 }
 
 const installed = new WeakMap<ServerHttp2Stream, PacedWrites>();
+
+/**
+ * Streams written to in this turn of the event loop, pumped together in its
+ * check phase (one setImmediate for all of them): the messages a turn writes
+ * to one stream (deltas published in one turn, say) reach Node as one write,
+ * not one each; HTTP/2 sends them in the next socket write either way.
+ */
+let dueStreams: PacedWrites[] = [];
+
+function pumpLater(paced: PacedWrites): void {
+  if (dueStreams.length === 0) setImmediate(pumpDue);
+  dueStreams.push(paced);
+}
+
+function pumpDue(): void {
+  const due = dueStreams;
+  dueStreams = [];
+  for (const paced of due) paced.pumpNow();
+}
