@@ -31,6 +31,8 @@
  *   {"op":"stats","pool":"boot"}      -> {"sequence","deltasPublished","eventsApplied","eventsRejected","hub":{...}|null}
  *   {"op":"wordsHash","pool":"boot"}  -> {"sha256": hex of the pool's filter words}
  *   {"op":"openHub","pool":"boot"}    -> {} (the pool's hub, opened as a first subscriber would)
+ *   {"op":"openHubReady","pool":"boot"} -> {"ms"}: the same, answered once the hub has its barrier snapshot (a large
+ *                                        lane's is copied over several turns), with how long that took
  *   {"op":"loopDelayStart"}           -> {} (a fresh perf_hooks.monitorEventLoopDelay, 1 ms resolution)
  *   {"op":"loopDelayStop"}            -> {"maxMs","p99Ms","meanMs","rssMB","peakRssMB"}: the event loop's delays since the start
  *                                        (and this process's RSS now, and its peak, sampled every 10 ms, since then)
@@ -113,6 +115,13 @@ async function relayServer(rawConfig: string): Promise<{ address: string; handle
       case "openHub":
         poolOf(cmd).openHub();
         return {};
+      case "openHubReady": {
+        const pool = poolOf(cmd) as ReturnType<typeof poolOf> & { hubReady?: () => Promise<unknown> };
+        const t0 = performance.now();
+        pool.openHub();
+        // A relay that copies the barrier in one go has its hub ready here already.
+        return (pool.hubReady?.() ?? Promise.resolve()).then(() => ({ ms: performance.now() - t0 }));
+      }
       case "loopDelayStart":
         delay?.disable();
         delay = monitorEventLoopDelay({ resolution: 1 });

@@ -22,6 +22,17 @@ export interface PublicationFrame {
   readonly payload: Uint8Array;
   /** What the frame counts against a subscriber's byte limit: payload + FRAME_ENVELOPE_HEADROOM_BYTES. */
   readonly queuedBytes: number;
+  /**
+   * When the frame was made, unix microseconds (wall clock, sub-millisecond):
+   * a delta's is its publication time, which every subscriber's copy carries
+   * (its wire form is made once for all of them).
+   */
+  readonly publishedAtUs: bigint;
+}
+
+/** Now, in unix microseconds (the wall clock at the monotonic clock's origin, plus the monotonic clock). */
+export function unixMicros(): bigint {
+  return BigInt(Math.round((performance.timeOrigin + performance.now()) * 1000));
 }
 
 function isU64(value: unknown): value is bigint {
@@ -46,5 +57,5 @@ export function publicationFrame(init: {
     throw new HubError("InvalidFrame", `a ${kind} frame cannot go from ${baseSequence} to ${sequence}`);
   }
   if (!(payload instanceof Uint8Array)) throw new HubError("InvalidFrame", "a frame's payload is a Uint8Array");
-  return Object.freeze({ identity, baseSequence, sequence, kind, payload, queuedBytes: payload.length + FRAME_ENVELOPE_HEADROOM_BYTES });
+  return Object.freeze({ identity, baseSequence, sequence, kind, payload, queuedBytes: payload.length + FRAME_ENVELOPE_HEADROOM_BYTES, publishedAtUs: unixMicros() });
 }

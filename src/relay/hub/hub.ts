@@ -125,6 +125,7 @@ export class PublicationHub {
     if (!sameLease(snapshot.lease, this.lease)) throw new HubError("LeaseChanged", "the snapshot was taken on another lease");
     const mirror = new HubMirror(snapshot, options.adoptWords === true);
     this.closeAll("recovery");
+    this.mirror?.dispose();
     this.mirror = mirror;
     this.stateValue = "ready";
   }
@@ -155,6 +156,7 @@ export class PublicationHub {
     if (cause !== undefined || frame === undefined) {
       const closed = this.closeAll("recovery");
       // The mirror is now behind the producer; dropping it frees the lane until the fresh snapshot.
+      mirror.dispose();
       this.mirror = undefined;
       this.stateValue = "recovering";
       this.recoveries += 1;
@@ -205,10 +207,21 @@ export class PublicationHub {
     return subscriber;
   }
 
+  /**
+   * Resolves once a subscription costs no copy: the mirror's lane is not
+   * being filled from one a bootstrapping subscriber holds (a large lane
+   * is copied over several turns). Subscribe after it, or subscribe()
+   * finishes the copy in one go.
+   */
+  whenSettled(): Promise<void> {
+    return this.mirror?.whenSettled() ?? Promise.resolve();
+  }
+
   /** Closes every subscriber as "retired" and refuses everything after; idempotent. */
   retire(): void {
     if (this.stateValue === "retired") return;
     this.closeAll("retired");
+    this.mirror?.dispose();
     this.mirror = undefined;
     this.stateValue = "retired";
   }
@@ -256,6 +269,7 @@ export class PublicationHub {
 
   private fail(): void {
     this.closeAll("failed");
+    this.mirror?.dispose();
     this.mirror = undefined;
     this.stateValue = "failed";
   }

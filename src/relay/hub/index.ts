@@ -17,7 +17,7 @@ export {
   minQueuedBytes,
   type HubLimits,
 } from "./limits.js";
-export { publicationFrame, type PublicationFrame, type PublicationFrameKind } from "./frame.js";
+export { publicationFrame, unixMicros, type PublicationFrame, type PublicationFrameKind } from "./frame.js";
 export { HubMirror, type HubSnapshot, type SnapshotPin } from "./snapshot.js";
 export { HubSubscriber, SUBSCRIBER_END_REASONS, type SubscriberEndReason, type SubscriberRead } from "./subscriber.js";
 export { SYSTEM_HUB_CLOCK, type HubClock } from "./clock.js";

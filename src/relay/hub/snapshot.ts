@@ -3,7 +3,10 @@
  * shared with subscribers as immutable snapshots. Deltas are applied
  * copy-on-write: the lane is copied only while a subscriber still holds a
  * snapshot of it, otherwise written in place, so a hub without bootstrapping
- * subscribers holds exactly one lane whatever the delta rate.
+ * subscribers holds exactly one lane whatever the delta rate. A large lane
+ * (a 2^24-bucket one is 128 MiB, half a second to copy) is copied in steps
+ * across turns (LaneFill), the deltas meanwhile written to the new lane
+ * ahead of the copy.
  */
 import { sameLease, sameProducerIdentity, type DcCkfDelta, type DcCkfSnapshot, type LaneLease, type ProducerIdentity } from "../../kv/index.js";
 import { HubError } from "./errors.js";
@@ -32,6 +35,56 @@ interface Lane {
   pins: number;
 }
 
+/** Lanes up to this many buckets (8 MiB) are copied in one go. */
+const SYNC_COPY_BUCKETS = 1 << 20;
+/** Buckets a fill step copies (2 MiB), and how long one turn keeps taking steps. */
+const FILL_STEP_BUCKETS = 1 << 18;
+const FILL_TURN_MS = 5;
+
+/**
+ * A new lane filled from a pinned one (which never changes) in steps, while
+ * deltas write the new lane: a bucket written ahead of the copy is marked,
+ * and the copy leaves it alone.
+ */
+class LaneFill {
+  private readonly written: Uint32Array;
+  private cursor = 0;
+
+  constructor(
+    private readonly from: BigUint64Array,
+    private readonly to: BigUint64Array,
+  ) {
+    this.written = new Uint32Array(Math.ceil(from.length / 32));
+  }
+
+  /** A delta wrote `bucket` of the new lane. */
+  noteWrite(bucket: number): void {
+    if (bucket >= this.cursor) this.written[bucket >>> 5] = this.written[bucket >>> 5]! | (1 << (bucket & 31));
+  }
+
+  /** Copies up to `maxBuckets` more buckets (a multiple of 32); true once every bucket is copied. */
+  step(maxBuckets: number): boolean {
+    const total = this.from.length;
+    const end = Math.min(total, this.cursor + maxBuckets);
+    let at = this.cursor;
+    while (at < end) {
+      let runEnd = at;
+      while (runEnd < end && this.written[runEnd >>> 5] === 0) runEnd = Math.min(end, ((runEnd >>> 5) + 1) << 5);
+      if (runEnd > at) {
+        this.to.set(this.from.subarray(at, runEnd), at);
+        at = runEnd;
+        continue;
+      }
+      const bits = this.written[at >>> 5]!;
+      const groupEnd = Math.min(end, ((at >>> 5) + 1) << 5);
+      for (let bucket = at; bucket < groupEnd; bucket++) if ((bits & (1 << (bucket & 31))) === 0) this.to[bucket] = this.from[bucket]!;
+      at = groupEnd;
+    }
+    this.cursor = end;
+    return end === total;
+  }
+}
+
 export class HubMirror {
   readonly identity: ProducerIdentity;
   readonly lease: LaneLease;
@@ -40,6 +93,10 @@ export class HubMirror {
   /** Pins handed out and not released, on any lane. */
   private heldPins = 0;
   private copies = 0;
+  /** The current lane's fill from the lane it replaced, while it runs. */
+  private fill: LaneFill | undefined;
+  private fillTimer: ReturnType<typeof setImmediate> | undefined;
+  private fillWaiters: (() => void)[] = [];
 
   /**
    * Installs `snapshot`, copying its words so that the producer's array and
@@ -75,8 +132,29 @@ export class HubMirror {
     return this.copies;
   }
 
+  /** Whether the current lane is complete (no fill under way): a pin now costs nothing. */
+  get settled(): boolean {
+    return this.fill === undefined;
+  }
+
+  /** Resolves once the current lane is complete. */
+  whenSettled(): Promise<void> {
+    if (this.fill === undefined) return Promise.resolve();
+    return new Promise((resolve) => this.fillWaiters.push(resolve));
+  }
+
+  /** Stops a fill under way (the mirror is being dropped). */
+  dispose(): void {
+    if (this.fillTimer !== undefined) clearImmediate(this.fillTimer);
+    this.fillTimer = undefined;
+    this.fill = undefined;
+    this.wakeFillWaiters();
+  }
+
   /** The current lane at the current sequence, held until release(). */
   pin(): SnapshotPin {
+    // A subscriber that did not wait for the fill: the rest of it is copied now.
+    if (this.fill !== undefined) this.completeFill(Number.POSITIVE_INFINITY);
     const lane = this.lane;
     lane.pins += 1;
     this.heldPins += 1;
@@ -121,11 +199,51 @@ export class HubMirror {
     }
     if (this.lane.pins > 0) {
       // Held by a bootstrapping subscriber: it keeps the old words, the mirror moves on with a copy.
-      this.lane = { words: this.lane.words.slice(), pins: 0 };
+      // (A pinned lane is complete: pin() finishes a fill first.)
+      const old = this.lane.words;
+      if (old.length <= SYNC_COPY_BUCKETS) {
+        this.lane = { words: old.slice(), pins: 0 };
+      } else {
+        const words = new BigUint64Array(old.length);
+        this.lane = { words, pins: 0 };
+        this.fill = new LaneFill(old, words);
+        this.fillTimer = setImmediate(this.fillTurn);
+      }
       this.copies += 1;
     }
     const words = this.lane.words;
-    for (const image of delta.images) words[image.bucket] = image.value;
+    const fill = this.fill;
+    for (const image of delta.images) {
+      words[image.bucket] = image.value;
+      fill?.noteWrite(image.bucket);
+    }
     this.sequenceValue = delta.sequence;
+  }
+
+  /** One turn's steps of the fill. */
+  private readonly fillTurn = (): void => {
+    this.fillTimer = undefined;
+    if (!this.completeFill(FILL_TURN_MS)) this.fillTimer = setImmediate(this.fillTurn);
+  };
+
+  /** Fills for up to `ms`; true once the fill is done (or there is none). */
+  private completeFill(ms: number): boolean {
+    const fill = this.fill;
+    if (fill === undefined) return true;
+    const started = performance.now();
+    while (!fill.step(FILL_STEP_BUCKETS)) {
+      if (performance.now() - started >= ms) return false;
+    }
+    this.fill = undefined;
+    if (this.fillTimer !== undefined) clearImmediate(this.fillTimer);
+    this.fillTimer = undefined;
+    this.wakeFillWaiters();
+    return true;
+  }
+
+  private wakeFillWaiters(): void {
+    const waiters = this.fillWaiters;
+    this.fillWaiters = [];
+    for (const resolve of waiters) resolve();
   }
 }

@@ -5,7 +5,6 @@
  * fit ends the subscription as lagged, and the consumer resubscribes from a
  * fresh snapshot. Every end frees the queue and the snapshot at once.
  */
-import { BoundedQueue } from "../../util/index.js";
 import { HubError } from "./errors.js";
 import type { PublicationFrame } from "./frame.js";
 import type { HubSnapshot, SnapshotPin } from "./snapshot.js";
@@ -42,16 +41,99 @@ export interface SubscriberInit {
   readonly signal: AbortSignal | undefined;
 }
 
+/**
+ * The frames queued for one subscriber, and its one reader's wait. The
+ * subscriber checks both bounds before it pushes (offer), so this is a plain
+ * ring: pushing and taking allocate nothing, and a frame already queued is
+ * taken without a promise (poll).
+ */
+class FrameQueue {
+  private slots: (PublicationFrame | undefined)[] = new Array<PublicationFrame | undefined>(4);
+  private head = 0;
+  private count = 0;
+  private byteCount = 0;
+  private waiter: ((frame: PublicationFrame | undefined) => void) | undefined;
+
+  get length(): number {
+    return this.count;
+  }
+
+  get bytes(): number {
+    return this.byteCount;
+  }
+
+  push(frame: PublicationFrame): void {
+    const waiter = this.waiter;
+    if (waiter !== undefined) {
+      // The reader is waiting on an empty queue: the frame goes to it directly.
+      this.waiter = undefined;
+      waiter(frame);
+      return;
+    }
+    if (this.count === this.slots.length) this.grow();
+    this.slots[(this.head + this.count) % this.slots.length] = frame;
+    this.count++;
+    this.byteCount += frame.queuedBytes;
+  }
+
+  /** The oldest frame, taken off the queue; undefined when empty. */
+  shift(): PublicationFrame | undefined {
+    if (this.count === 0) return undefined;
+    const frame = this.slots[this.head]!;
+    this.slots[this.head] = undefined;
+    this.head = (this.head + 1) % this.slots.length;
+    this.count--;
+    this.byteCount -= frame.queuedBytes;
+    return frame;
+  }
+
+  /** The next frame, waiting for one; undefined once `clear` ended the wait. */
+  take(): Promise<PublicationFrame | undefined> {
+    const frame = this.shift();
+    if (frame !== undefined) return Promise.resolve(frame);
+    return new Promise((resolve) => (this.waiter = resolve));
+  }
+
+  /** Drops every frame and ends a waiting take. */
+  clear(): void {
+    this.slots = new Array<PublicationFrame | undefined>(4);
+    this.head = 0;
+    this.count = 0;
+    this.byteCount = 0;
+    const waiter = this.waiter;
+    this.waiter = undefined;
+    waiter?.(undefined);
+  }
+
+  private grow(): void {
+    const slots = new Array<PublicationFrame | undefined>(this.slots.length * 2);
+    for (let i = 0; i < this.count; i++) slots[i] = this.slots[(this.head + i) % this.slots.length];
+    this.slots = slots;
+    this.head = 0;
+  }
+}
+
 export class HubSubscriber {
   readonly id: number;
   readonly maxQueuedFrames: number;
   readonly maxQueuedBytes: number;
-  private readonly queue: BoundedQueue<PublicationFrame>;
+  private readonly queue = new FrameQueue();
   private pin: SnapshotPin | undefined;
   private snapshotTaken = false;
   private reason: SubscriberEndReason | undefined;
   /** A read is waiting for a frame: the consumer is keeping up, whatever the clock says. */
   private reading = false;
+  /**
+   * Called, in the hub's turn, after a frame was queued (not when a waiting
+   * read took it): a consumer that takes frames with poll() as they come.
+   * It must not throw.
+   */
+  onQueued: (() => void) | undefined = undefined;
+  /**
+   * Set by such a consumer while it has taken every frame and can take the
+   * next at once: as a waiting read, it is keeping up whatever the clock says.
+   */
+  keepingUp = false;
   private lastActive: number;
   private readonly now: () => number;
   private readonly detach: SubscriberInit["detach"];
@@ -65,7 +147,6 @@ export class HubSubscriber {
     this.pin = init.pin;
     this.maxQueuedFrames = init.maxQueuedFrames;
     this.maxQueuedBytes = init.maxQueuedBytes;
-    this.queue = new BoundedQueue<PublicationFrame>({ maxItems: init.maxQueuedFrames, maxBytes: init.maxQueuedBytes, sizeOf: (frame) => frame.queuedBytes });
     this.now = init.now;
     this.lastActive = init.now();
     this.detach = init.detach;
@@ -129,15 +210,37 @@ export class HubSubscriber {
     this.releaseSnapshot();
     this.lastActive = this.now();
     this.reading = true;
-    let result: IteratorResult<PublicationFrame>;
+    let frame: PublicationFrame | undefined;
     try {
-      result = await this.queue.next();
+      frame = await this.queue.take();
     } finally {
       this.reading = false;
       this.lastActive = this.now();
     }
-    if (result.done) return { kind: "ended", reason: this.reason ?? "closed" };
-    return { kind: "frame", frame: result.value };
+    if (frame === undefined) return { kind: "ended", reason: this.reason ?? "closed" };
+    return { kind: "frame", frame };
+  }
+
+  /**
+   * The next frame if one is queued, or the end; undefined when the reader
+   * would have to wait (then call next()). What next() gives, without a
+   * promise: a stream that keeps up finds most frames already queued.
+   */
+  poll(): SubscriberRead | undefined {
+    if (this.reason !== undefined) return { kind: "ended", reason: this.reason };
+    const frame = this.takeFrame();
+    return frame === undefined ? undefined : { kind: "frame", frame };
+  }
+
+  /** poll() without a result object: the next queued frame, or undefined when none is queued or the subscription ended (see endReason). */
+  takeFrame(): PublicationFrame | undefined {
+    if (this.reason !== undefined) return undefined;
+    if (this.reading) throw new Error("HubSubscriber has one reader: next() is already waiting");
+    const frame = this.queue.shift();
+    if (frame === undefined) return undefined;
+    this.releaseSnapshot();
+    this.lastActive = this.now();
+    return frame;
   }
 
   /**
@@ -170,12 +273,15 @@ export class HubSubscriber {
     // empty queue: the byte limit must hold for every frame, and the hub's limits already
     // guarantee that one largest frame fits an empty queue.
     if (this.queue.length >= this.maxQueuedFrames || this.queue.bytes + frame.queuedBytes > this.maxQueuedBytes) return false;
-    return this.queue.tryPush(frame);
+    const handed = this.reading;
+    this.queue.push(frame);
+    if (!handed) this.onQueued?.();
+    return true;
   }
 
   /** Hub only: how long the consumer has neither read nor been waiting to read. */
   idleFor(now: number): number {
-    return this.reading ? 0 : now - this.lastActive;
+    return this.reading || this.keepingUp ? 0 : now - this.lastActive;
   }
 
   /**
@@ -189,8 +295,9 @@ export class HubSubscriber {
     this.reason = reason;
     if (this.onAbort !== undefined) this.signal?.removeEventListener("abort", this.onAbort);
     this.releaseSnapshot();
-    // Ending an iteration closes the queue and drops its items.
-    void this.queue[Symbol.asyncIterator]().return?.();
+    this.onQueued = undefined;
+    this.keepingUp = false;
+    this.queue.clear();
     const waiters = this.endWaiters;
     this.endWaiters = undefined;
     for (const resolve of waiters ?? []) resolve(reason);

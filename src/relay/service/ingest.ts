@@ -171,8 +171,11 @@ export function ingestService(options: IngestServiceOptions): Partial<ServiceImp
           rejected += BigInt(messageRejected);
           if (messageApplied > 0) metrics.ingestEvents.inc({ pool: pool.name, result: "applied" }, messageApplied);
           if (messageRejected > 0) metrics.ingestEvents.inc({ pool: pool.name, result: "rejected" }, messageRejected);
-          // The transport decodes the next message when it is asked for it, in one piece: not in a turn that applying used already.
-          if (slicer.busy) await slicer.yieldTurn();
+          // The transport decodes the next message when it is asked for it, in one piece: not in a turn whose
+          // slice applying has spent. Within the slice the next message goes on in the same turn, so a burst of
+          // small messages (one event each, a delta each) is published in one turn, and every subscriber's
+          // frames leave in one write; a turn still holds at most one slice and one decode, as before.
+          if (slicer.busy && slicer.due(0)) await slicer.yieldTurn();
         }
         if (pool === undefined) throw new IngestError("MissingPool", "the stream ended before naming a pool");
         // In the queue too: an event of another task may be mid-way, and this stream's summary counts its own last delta.

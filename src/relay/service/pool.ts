@@ -21,6 +21,7 @@
  */
 import { createHash, randomBytes } from "node:crypto";
 import {
+  type BarrierCopy,
   canonicalModelId,
   CkfError,
   createKvQuerySemantics,
@@ -31,7 +32,6 @@ import {
   modelAlias,
   poolId,
   producerIdentity,
-  relayLease,
   type CanonicalModelRegistration,
   type DcCkfDelta,
   type PauseCheck,
@@ -39,7 +39,7 @@ import {
   type RouterEvent,
 } from "../../kv/index.js";
 import { publishDelta } from "../frames.js";
-import { PublicationHub, type HubLimits } from "../hub/index.js";
+import { HubError, PublicationHub, type HubLimits } from "../hub/index.js";
 import type { PoolDescriptor } from "../wire/index.js";
 import type { ModelRegistrationConfig, RelayPoolConfig } from "./config.js";
 
@@ -101,6 +101,25 @@ function runToEnd<T>(steps: Generator<void, T, void>): T {
   }
 }
 
+/**
+ * Lanes up to this many buckets (8 MiB, a few milliseconds) are copied for a
+ * barrier in one go; larger ones in steps across turns (installBarrier).
+ */
+const SYNC_BARRIER_BUCKETS = 1 << 20;
+/** Buckets a barrier copy step takes (2 MiB), and how long one turn keeps taking steps. */
+const BARRIER_STEP_BUCKETS = 1 << 18;
+const BARRIER_TURN_MS = 5;
+
+/** A barrier snapshot being copied in steps, and the deltas published since its sequence. */
+interface PendingBarrier {
+  readonly hub: PublicationHub;
+  readonly sequence: bigint;
+  readonly copy: BarrierCopy;
+  readonly deltas: DcCkfDelta[];
+  readonly waiters: { resolve: () => void; reject: (error: unknown) => void }[];
+  timer: ReturnType<typeof setImmediate> | undefined;
+}
+
 /** A fresh producer incarnation: a random u64. */
 function randomIncarnation(): bigint {
   return randomBytes(8).readBigUInt64LE(0);
@@ -131,6 +150,8 @@ export class RelayPool {
   private closed = false;
   /** Set by the delivery sink when the hub asks for a fresh snapshot. */
   private recoveryDue = false;
+  /** The barrier snapshot under way for the hub, if any (installBarrier). */
+  private barrier: PendingBarrier | undefined;
   /** Holds on timer-driven publications (see hold()). */
   private holds = 0;
   /**
@@ -295,16 +316,114 @@ export class RelayPool {
    */
   openHub(): PublicationHub {
     const open = this.hubValue;
-    if (open !== undefined && (open.state === "ready" || open.state === "recovering")) return open;
+    if (open !== undefined && (open.state === "ready" || open.state === "recovering" || open.state === "awaiting_snapshot")) return open;
     const identity = this.producer;
     const hub = new PublicationHub({ identity, limits: this.ctx.hubLimits });
+    // The barrier drains the tail first: with no hub before this one there is no lease to publish it on, so
+    // it is not materialized (a pool filled before its first subscriber has a tail of its whole lane).
+    this.installBarrier(hub);
     this.state.setMaterialization(true);
-    // A barrier snapshot's words are a fresh copy of the lane: the hub takes them as they are.
-    hub.publishSnapshot(this.publisher.snapshotAfterBarrier(this.state, relayLease(identity)), { adoptWords: true });
     this.hubValue = hub;
     this.hubIdleSince = undefined;
     this.ctx.onChange(this, "hub");
     return hub;
+  }
+
+  /**
+   * The hub once it has its snapshot: at once unless a barrier is being
+   * copied (a large lane); rejects with `signal`'s reason when it fires
+   * first, and with the hub's end when the hub is retired meanwhile.
+   */
+  hubReady(signal?: AbortSignal): Promise<PublicationHub> {
+    const hub = this.openHub();
+    const barrier = this.barrier;
+    // No barrier under way: wait for the mirror's lane copy, if one runs (a subscriber would otherwise finish it in one go).
+    if (barrier === undefined || barrier.hub !== hub) return hub.whenSettled().then(() => hub);
+    if (signal?.aborted) return Promise.reject(signal.reason as Error);
+    return new Promise<PublicationHub>((resolve, reject) => {
+      const onAbort = () => reject(signal!.reason as Error);
+      signal?.addEventListener("abort", onAbort, { once: true });
+      barrier.waiters.push({
+        resolve: () => {
+          signal?.removeEventListener("abort", onAbort);
+          resolve(hub);
+        },
+        reject: (error) => {
+          signal?.removeEventListener("abort", onAbort);
+          reject(error);
+        },
+      });
+    });
+  }
+
+  /**
+   * Gives `hub` a barrier snapshot (its first, or a recovery one): the lane
+   * copied now for a small lane, in steps across turns for a large one,
+   * the deltas published meanwhile held back and handed to the hub after
+   * the snapshot. A 2^24-bucket lane (128 MiB) copied in one go would hold
+   * the event loop for about half a second.
+   */
+  private installBarrier(hub: PublicationHub): void {
+    if (this.producer.format.bucketCount <= SYNC_BARRIER_BUCKETS) {
+      // A barrier snapshot's words are a fresh copy of the lane: the hub takes them as they are.
+      hub.publishSnapshot(this.publisher.snapshotAfterBarrier(this.state, hub.lease), { adoptWords: true });
+      return;
+    }
+    this.cancelBarrier(new HubError("NotReady", "a newer barrier snapshot replaced this one"));
+    const { sequence, copy } = this.publisher.barrierInSteps(this.state, hub.lease);
+    const barrier: PendingBarrier = { hub, sequence, copy, deltas: [], waiters: [], timer: undefined };
+    this.barrier = barrier;
+    const stepTurn = (): void => {
+      barrier.timer = undefined;
+      if (this.barrier !== barrier) return;
+      const started = performance.now();
+      while (!copy.step(BARRIER_STEP_BUCKETS)) {
+        if (performance.now() - started >= BARRIER_TURN_MS) {
+          barrier.timer = setImmediate(stepTurn);
+          return;
+        }
+      }
+      this.finishBarrier(barrier);
+    };
+    barrier.timer = setImmediate(stepTurn);
+  }
+
+  /** The copy is complete: the snapshot goes to the hub, then the deltas published since, in order. */
+  private finishBarrier(barrier: PendingBarrier): void {
+    this.barrier = undefined;
+    const { hub, copy, sequence } = barrier;
+    try {
+      if (hub.state === "retired" || hub.state === "failed") throw new HubError("NotReady", `the hub was ${hub.state} while its snapshot was copied`);
+      hub.publishSnapshot({ identity: hub.identity, lease: hub.lease, sequence, buckets: copy.words }, { adoptWords: true });
+      for (const delta of barrier.deltas) {
+        const result = publishDelta(hub, delta);
+        // Too large for one frame: the hub asks for another barrier, taken after this publication.
+        if (result.kind === "recovery_required") this.recoveryDue = true;
+      }
+    } catch (error) {
+      for (const waiter of barrier.waiters) waiter.reject(error);
+      if (hub.state === "failed") {
+        this.ctx.onTerminalFailure(this, error);
+        this.rotateGeneration();
+      }
+      return;
+    }
+    for (const waiter of barrier.waiters) waiter.resolve();
+    if (this.recoveryDue) {
+      this.recoveryDue = false;
+      this.installBarrier(hub);
+      this.recoveries += 1;
+    }
+  }
+
+  /** Drops the barrier under way (the hub closed, or another barrier replaces it); its waiters get `error`. */
+  private cancelBarrier(error: unknown): void {
+    const barrier = this.barrier;
+    if (barrier === undefined) return;
+    this.barrier = undefined;
+    if (barrier.timer !== undefined) clearImmediate(barrier.timer);
+    this.state.cancelBarrierCopy();
+    for (const waiter of barrier.waiters) waiter.reject(error);
   }
 
   /**
@@ -402,6 +521,7 @@ export class RelayPool {
     this.flushTimer = undefined;
     if (this.flushSoon !== undefined) clearImmediate(this.flushSoon);
     this.flushSoon = undefined;
+    this.cancelBarrier(new HubError("Retired", `pool ${this.name} closed while its hub's snapshot was copied`));
     this.hubValue?.retire();
     this.hubValue = undefined;
   }
@@ -413,6 +533,7 @@ export class RelayPool {
   private closeHub(): void {
     const hub = this.hubValue;
     if (hub === undefined) return;
+    this.cancelBarrier(new HubError("Retired", "the pool's hub closed while its snapshot was copied"));
     this.hubValue = undefined;
     this.hubIdleSince = undefined;
     hub.retire();
@@ -424,6 +545,11 @@ export class RelayPool {
   private deliver(delta: DcCkfDelta): "accepted" | "rejected" {
     const hub = this.hubValue;
     if (hub === undefined) return "accepted";
+    // The hub's snapshot is still being copied: the delta continues it, so it waits for it.
+    if (this.barrier !== undefined && this.barrier.hub === hub) {
+      this.barrier.deltas.push(delta);
+      return "accepted";
+    }
     // A throw here is the hub's terminal failure; the publisher fences on it.
     const result = publishDelta(hub, delta);
     if (result.kind === "recovery_required") this.recoveryDue = true;
@@ -437,11 +563,11 @@ export class RelayPool {
         this.deltas += 1;
         this.ctx.onDelta?.(this);
       }
-      if (this.recoveryDue) {
+      if (this.recoveryDue && this.barrier === undefined) {
         this.recoveryDue = false;
         const hub = this.hubValue;
         if (hub !== undefined) {
-          hub.publishSnapshot(this.publisher.snapshotAfterBarrier(this.state, hub.lease), { adoptWords: true });
+          this.installBarrier(hub);
           this.recoveries += 1;
         }
       }

@@ -26,11 +26,11 @@ import {
   type RelayIdentity,
 } from "../../../gen/dynamo/kvrelay/v1/relay_pb.js";
 import { sameProducerIdentity, type ProducerIdentity } from "../../kv/index.js";
-import { callTransportOf, pacedWritesOf, type PacedWrites } from "../../server/index.js";
+import { callTransportOf, directMessagesOf, pacedWritesOf, preEncode, preEncodedEnvelope, writesBinary, type DirectMessages, type PacedWrites } from "../../server/index.js";
 import { linkSignals, Semaphore, type LinkedSignal } from "../../util/index.js";
 import { openSpan } from "../../telemetry/index.js";
 import { encodeSnapshot } from "../frames.js";
-import { HubError, type HubSubscriber, type PublicationFrame, type SubscriberEndReason, type SubscriberRead } from "../hub/index.js";
+import { HubError, unixMicros, type HubSubscriber, type PublicationFrame, type SubscriberEndReason, type SubscriberRead } from "../hub/index.js";
 import {
   checkContractMarker,
   checkSubscriberId,
@@ -41,6 +41,8 @@ import {
   RELAY_PROTOCOL_VERSION,
   RelayError,
 } from "../wire/index.js";
+import { DeltaWire } from "./delta-wire.js";
+import { DirectDelivery, HANDOVER_BACKLOG_BYTES } from "./direct-delivery.js";
 import type { LimitScope, RelayMetrics, RelayStream } from "./metrics.js";
 import type { RelayPool } from "./pool.js";
 import type { CatalogRevision, LoadWindow, Relay } from "./relay.js";
@@ -101,19 +103,51 @@ type Handover = "taken" | "stop" | "ended" | "timeout";
 
 /**
  * The wait, after each frame of a pool stream, for the transport to have
- * written it out (paced-writes.ts) before the next frame is produced: a
- * client that does not read then holds one frame in the transport, and
- * what follows stays in its bounded hub queue, which overflows into
- * SUBSCRIBER_LAGGED. The wait also ends on the stop, on the subscription's
+ * written it out (paced-writes.ts; all but HANDOVER_BACKLOG_BYTES of it)
+ * before the next frame is produced: a client that does not read then holds
+ * that little in the transport, and what follows stays in its bounded hub
+ * queue, which overflows into SUBSCRIBER_LAGGED. The wait also ends on the
+ * stop, on the subscription's
  * end (lagged, idle, retired: ended now, not at the client's next read), or
- * when the frame was not taken within the progress timeout. One timer per
- * stream, refreshed per wait.
+ * when the transport took less than HANDOVER_BACKLOG_BYTES for the whole
+ * progress timeout (progress is bytes moving, not the whole frame: a slow
+ * link finishes). One timer per stream, refreshed per wait.
  */
 class HandoverWaits {
   private waits = 0;
   private waiter: ((handover: Handover) => void) | undefined;
   private timer: ReturnType<typeof setTimeout> | undefined;
   private readonly onAbort = (): void => this.settle(this.waits, "stop");
+  /** The transport's `taken` at the last check, and when it last moved by HANDOVER_BACKLOG_BYTES or more. */
+  private takenAtCheck = 0;
+  private progressAt = 0;
+  /**
+   * Every half timeout while a wait lasts: the wait times out once the
+   * transport took less than HANDOVER_BACKLOG_BYTES for the whole timeout,
+   * and goes on while bytes move (a slow link; or a transport that reads a
+   * message ahead, as connect's does, and so waits on the frame before this
+   * one too), which also restarts the hub's idle clock. After a stall of the
+   * whole process the timer runs before the I/O callbacks that piled up
+   * with it (write completions among them): judged in the check phase, once
+   * they ran.
+   */
+  private readonly check = (): void => {
+    const id = this.waits;
+    setImmediate(() => {
+      if (id !== this.waits || this.waiter === undefined) return;
+      const taken = this.paced?.taken ?? 0;
+      const now = performance.now();
+      if (taken - this.takenAtCheck >= HANDOVER_BACKLOG_BYTES) {
+        this.takenAtCheck = taken;
+        this.progressAt = now;
+        this.subscriber.noteProgress();
+      } else if (now - this.progressAt >= this.timeoutMs) {
+        this.settle(id, "timeout");
+        return;
+      }
+      this.timer?.refresh();
+    });
+  };
 
   constructor(
     private readonly paced: PacedWrites | undefined,
@@ -131,11 +165,13 @@ class HandoverWaits {
     if (this.signal.aborted) return "stop";
     if (this.subscriber.endReason !== undefined) return "ended";
     const paced = this.paced;
-    if (paced === undefined || paced.idle) return "taken";
+    if (paced === undefined || paced.backlog < HANDOVER_BACKLOG_BYTES) return "taken";
     const id = ++this.waits;
-    if (this.timer === undefined) this.timer = setTimeout(() => this.settle(this.waits, "timeout"), this.timeoutMs);
+    this.takenAtCheck = paced.taken;
+    this.progressAt = performance.now();
+    if (this.timer === undefined) this.timer = setTimeout(this.check, Math.max(1, this.timeoutMs / 2));
     else this.timer.refresh();
-    void paced.whenIdle().then(() => this.settle(id, "taken"));
+    void paced.whenBelow(HANDOVER_BACKLOG_BYTES).then(() => this.settle(id, "taken"));
     return new Promise<Handover>((resolve) => (this.waiter = resolve));
   }
 
@@ -226,11 +262,6 @@ class PoolStreamWaits {
     this.waiter = undefined;
     waiter?.(wake);
   }
-}
-
-/** Now, in unix microseconds (sub-millisecond, from the monotonic clock's origin). */
-function unixMicros(): bigint {
-  return BigInt(Math.round((performance.timeOrigin + performance.now()) * 1000));
 }
 
 export interface RelayServiceOptions {
@@ -364,21 +395,55 @@ export function relayService(options: RelayServiceOptions): Partial<ServiceImpl<
     }
   }
 
-  /** One FilterUpdate: a frame's sequences and payload, or a heartbeat at `sequence`. */
-  function update(producer: WireProducer, kind: FilterUpdateKind, frame: PublicationFrame | undefined, sequence: bigint): FilterUpdate {
+  /** One FilterUpdate: a frame's sequences and payload, or a heartbeat at `sequence`; sent now unless `sentAtUs` says otherwise. */
+  function update(producer: WireProducer, kind: FilterUpdateKind, frame: PublicationFrame | undefined, sequence: bigint, sentAtUs = unixMicros()): FilterUpdate {
     const init: FilterUpdateInit = {
       protocolVersion: RELAY_PROTOCOL_VERSION,
       relay: relayIdentityMessage,
       producer,
       baseSequence: frame?.baseSequence ?? sequence,
       sequence: frame?.sequence ?? sequence,
-      sendTsUs: unixMicros(),
+      sendTsUs: sentAtUs,
       kind,
       contractMarker: RELAY_CONTRACT_MARKER,
     };
     if (frame !== undefined) init.payload = frame.payload;
     return create(FilterUpdateSchema, init);
   }
+
+  /**
+   * Each delta's FilterUpdate, made once for every subscriber of its pool:
+   * stamped with the delta's publication time, so it is the same message for
+   * all of them, and, for calls that take protobuf binary, serialized once
+   * (server/pre-encoded.ts). Held as long as the frame is (a subscriber's queue).
+   */
+  const deltaUpdates = new WeakMap<PublicationFrame, { message?: FilterUpdate; encoded?: FilterUpdate; envelope?: Buffer }>();
+  /** Per producer generation: its identity's wire form, and the delta encoder over it, made once. */
+  const generations = new WeakMap<ProducerIdentity, { readonly producer: WireProducer; readonly wire: DeltaWire }>();
+  const generationOf = (identity: ProducerIdentity) => {
+    let generation = generations.get(identity);
+    if (generation === undefined) {
+      const producer = producerToWire(identity);
+      generations.set(identity, (generation = { producer, wire: new DeltaWire(relayIdentityMessage, producer) }));
+    }
+    return generation;
+  };
+  const sharedDelta = (frame: PublicationFrame) => {
+    let shared = deltaUpdates.get(frame);
+    if (shared === undefined) deltaUpdates.set(frame, (shared = {}));
+    return shared;
+  };
+  function deltaUpdate(frame: PublicationFrame, binary: boolean): FilterUpdate {
+    const shared = sharedDelta(frame);
+    const message = (shared.message ??= update(generationOf(frame.identity).producer, FilterUpdateKind.DELTA, frame, frame.sequence, frame.publishedAtUs));
+    if (!binary) return message;
+    return (shared.encoded ??= preEncode(FilterUpdateSchema, message));
+  }
+  /** A delta's length-prefixed FilterUpdate, as a direct delivery writes it: the same bytes, without the message. */
+  const deltaEnvelope = (frame: PublicationFrame): Buffer => {
+    const shared = sharedDelta(frame);
+    return (shared.envelope ??= shared.encoded !== undefined ? preEncodedEnvelope(shared.encoded, FilterUpdateSchema)! : generationOf(frame.identity).wire.envelope(frame, frame.publishedAtUs));
+  };
 
   /** Why a handover that did not complete ends the stream: undefined to end it cleanly (the stop, the consumer's own close). */
   function handoverError(
@@ -404,6 +469,8 @@ export function relayService(options: RelayServiceOptions): Partial<ServiceImpl<
     expected: ProducerIdentity,
     stop: AbortSignal,
     paced: PacedWrites | undefined,
+    binary: boolean,
+    direct: DirectMessages | undefined,
   ): AsyncGenerator<FilterUpdate> {
     const snapshot = subscriber.takeSnapshot();
     const frames = encodeSnapshot(snapshot);
@@ -454,6 +521,35 @@ export function relayService(options: RelayServiceOptions): Partial<ServiceImpl<
       // The lag the bootstrap left: deltas queued behind the snapshot.
       bootstrap?.set("mmgate.relay.lag_frames", subscriber.queuedFrames).set("mmgate.relay.lag_bytes", subscriber.queuedBytes).end();
       let current = snapshot.sequence;
+      if (direct !== undefined) {
+        // HTTP/2 and protobuf binary: once the last chunk is handed over, deltas are written in the hub's turn (direct-delivery.ts).
+        const handed = await handover.wait();
+        if (handed !== "taken") {
+          const error = handoverError(handed, subscriber, pool, expected, "snapshot");
+          if (error === undefined) return;
+          throw error;
+        }
+        const delivery = new DirectDelivery({ out: direct, subscriber, expected, envelopeOf: deltaEnvelope, sequence: current, heartbeatIntervalMs: config.poolHeartbeatIntervalMs, signal: stop });
+        try {
+          for (;;) {
+            let wake = delivery.next();
+            if (wake instanceof Promise) wake = await wake;
+            if (wake === "stop") return;
+            if (wake === "failed") throw delivery.failure!;
+            if (wake === "ended") {
+              const error = endError(subscriber.endReason ?? "closed", pool, expected, "stream");
+              if (error === undefined) return;
+              throw error;
+            }
+            delivery.pause();
+            metrics.poolHeartbeats.inc();
+            yield update(wireProducer, FilterUpdateKind.HEARTBEAT, undefined, delivery.sequence);
+            delivery.resume();
+          }
+        } finally {
+          delivery.dispose();
+        }
+      }
       // Frames carry the hub's identity object: compared field by field once, then by reference.
       let checked: ProducerIdentity | undefined;
       waits = new PoolStreamWaits(config.poolHeartbeatIntervalMs, stop);
@@ -463,27 +559,35 @@ export function relayService(options: RelayServiceOptions): Partial<ServiceImpl<
       let reading = false;
       for (;;) {
         // Frames wait in the hub's bounded queue, not in the transport, until the transport took the last one.
-        const handed = await handover.wait();
+        // (Answers that need no wait are used as they are: an await costs a turn of the microtask queue per frame.)
+        let handed = handover.wait();
+        if (handed instanceof Promise) handed = await handed;
         if (handed !== "taken") {
           const error = handoverError(handed, subscriber, pool, expected, during);
           if (error === undefined) return;
           throw error;
         }
         during = "stream";
-        if (!reading) {
-          waits.expect(subscriber.next());
-          reading = true;
+        if (stop.aborted) return;
+        // A frame already queued is taken at once; otherwise the first of the next frame, a heartbeat and the stop.
+        let read = reading ? undefined : subscriber.poll();
+        if (read === undefined) {
+          if (!reading) {
+            waits.expect(subscriber.next());
+            reading = true;
+          }
+          let wake = waits.wait();
+          if (wake instanceof Promise) wake = await wake;
+          if (wake.kind === "stop") return;
+          if (wake.kind === "tick") {
+            metrics.poolHeartbeats.inc();
+            yield update(wireProducer, FilterUpdateKind.HEARTBEAT, undefined, current);
+            waits.sent();
+            continue;
+          }
+          reading = false;
+          read = wake.read;
         }
-        const wake = await waits.wait();
-        if (wake.kind === "stop") return;
-        if (wake.kind === "tick") {
-          metrics.poolHeartbeats.inc();
-          yield update(wireProducer, FilterUpdateKind.HEARTBEAT, undefined, current);
-          waits.sent();
-          continue;
-        }
-        reading = false;
-        const read = wake.read;
         if (read.kind === "ended") {
           const error = endError(read.reason, pool, expected, "stream");
           if (error === undefined) return;
@@ -498,7 +602,8 @@ export function relayService(options: RelayServiceOptions): Partial<ServiceImpl<
           throw new RelayError("INVALID_PUBLICATION", `the publication is not contiguous: at ${current}, got ${frame.kind} ${frame.baseSequence} -> ${frame.sequence}`);
         }
         current = frame.sequence;
-        yield update(wireProducer, FilterUpdateKind.DELTA, frame, current);
+        // The same message for every subscriber (its identity is `expected`'s, checked above).
+        yield deltaUpdate(frame, binary);
         waits.sent();
       }
     } finally {
@@ -567,8 +672,10 @@ export function relayService(options: RelayServiceOptions): Partial<ServiceImpl<
           throw new RelayError("RESOURCE_LIMIT", `Relay initialized pool hub limit ${config.maxInitializedPoolHubs} reached`);
         }
         try {
-          subscriber = pool.openHub().subscribe({ signal: stop });
+          // A large pool's first hub copies its barrier snapshot over a few turns: the stream waits for it.
+          subscriber = (await pool.hubReady(stop)).subscribe({ signal: stop });
         } catch (error) {
+          if (stop.aborted) return;
           if (error instanceof HubError && error.code === "SubscriberLimit") {
             metrics.limitRejected.inc({ stream: "pool", scope: "per_pool" });
             throw new RelayError("RESOURCE_LIMIT", `Relay per-pool stream limit ${config.maxSubscribersPerPool} reached`);
@@ -576,7 +683,8 @@ export function relayService(options: RelayServiceOptions): Partial<ServiceImpl<
           if (error instanceof HubError) throw new RelayError("PUBLICATION_UNAVAILABLE", `the pool's publication is not available: ${error.message}`, { cause: error });
           throw error;
         }
-        yield* poolStream(subscriber, pool, expected, stop, pacedWritesOf(ctx));
+        const binary = writesBinary(ctx, FilterUpdateSchema);
+        yield* poolStream(subscriber, pool, expected, stop, pacedWritesOf(ctx), binary, binary ? directMessagesOf(ctx) : undefined);
       } finally {
         subscriber?.close();
         release();
