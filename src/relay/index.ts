@@ -14,5 +14,5 @@ export * from "./nats/index.js";
 export * from "./decoded/index.js";
 // The router module (`mmgate router`) and the relay's client commands (`mmgate kv publish`, `mmgate relay`).
 export { routerModule } from "./router/index.js";
-export { kvPublishCommand } from "./publish-cli.js";
+export { kvPublishCommand, routerEventToWire } from "./publish-cli.js";
 export { relayCommand } from "./watch-cli.js";

@@ -10,7 +10,7 @@ import type { RoleKind } from "./configs.js";
 export { MAX_WORKERS, MIN_WORKERS, STACK_LOG_LEVELS, startStack } from "./stack.js";
 export type { RoleInfo, RoleStartOptions, Stack, StackLogLevel, StackOptions, StopReport } from "./stack.js";
 export { ENCODER_POOL, NATS_SUBJECT, RELAY_POOL, ROLE_GRACE_MS, roleConfig, roleSubcommand } from "./configs.js";
-export type { RoleKind } from "./configs.js";
+export type { Peers, RoleKind } from "./configs.js";
 export { makeCertificates, makeToken } from "./certs.js";
 export type { StackCertificates } from "./certs.js";
 export { prepareDir, readPidFile, StackBusyError, stackLayout } from "./layout.js";

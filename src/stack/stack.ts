@@ -150,6 +150,14 @@ export interface Stack {
    * data directories (JetStream's streams survive a restart of nats-server).
    */
   start(name: string, options?: RoleStartOptions): Promise<RoleInfo>;
+  /**
+   * Starts one more mmgate role, `name` of `kind`: its config made as the
+   * stack's own roles' are from `peers` (TLS, token, logs, shutdown), then
+   * changed by `adjust` (another pool's size, a relay reached through a
+   * proxy); resolves once it serves. It belongs to the stack from then on:
+   * stopped with it, in its kind's turn.
+   */
+  extend(name: string, kind: RoleKind, peers: Peers, adjust?: (config: Record<string, unknown>) => Record<string, unknown>): Promise<RoleInfo>;
   /** Drains and stops every process in order (idempotent: later calls get the same report). */
   stop(): Promise<StopReport>;
   /** SIGKILLs every process at once and waits for them (a second Ctrl-C). */
@@ -418,6 +426,16 @@ class RunningStack implements Stack {
     if (this.ended) throw new Error("the stack is stopping or stopped");
     const state = this.state(name);
     await this.launch(state, options.newPort === true);
+    return this.info(state);
+  }
+
+  async extend(name: string, kind: RoleKind, peers: Peers, adjust: (config: Record<string, unknown>) => Record<string, unknown> = (c) => c): Promise<RoleInfo> {
+    if (this.ended) throw new Error("the stack is stopping or stopped");
+    if (kind === "etcd" || kind === "nats") throw new Error(`stack: extend runs mmgate roles, not ${kind}`);
+    if (this.states.some((s) => s.name === name)) throw new Error(`stack: a role ${JSON.stringify(name)} exists already`);
+    const state = this.addRole(name, kind);
+    writeRoleConfig(state.configFile, name, kind, adjust(roleConfig(kind, this.common, peers)));
+    await this.launch(state);
     return this.info(state);
   }
 

@@ -31,11 +31,17 @@
  *      retried with its Nats-Msg-Id until the stream acks it): none lost,
  *      the relay's filter equals the expected one again, the router's
  *      answers are unchanged;
+ *   8. a second router whose relay is reached through a proxy throttling to
+ *      1 MB/s bootstraps a 2^21-bucket pool of a relay role of its own (5 s
+ *      snapshot progress timeout, the snapshot about 17 s) without a
+ *      resubscription, then follows fresh events: its Overlap answers equal
+ *      those of the relay's filter (./throttled-router.ts). It starts in the
+ *      suite's before hook and runs beside scenarios 1 to 7 (the link, not
+ *      the CPU, bounds it; the proxy is a process of its own);
  *   9. SIGTERM to every mmgate process at once under load: each drains (the
  *      calls in flight finish) and exits 0.
  *
- * Scenario 8 (throttled bootstrap) is covered elsewhere and is not part of
- * this suite. In 6 and 7 the event publisher is the load (./events.ts: one
+ * In 6 and 7 the event publisher is the load (./events.ts: one
  * publish in flight per worker, so at most 32), and no hop load runs beside
  * it: on two cores it would only slow the relay's replay.
  *
@@ -76,9 +82,21 @@ import { sameProducerIdentity } from "../../src/kv/index.js";
 import { preprocessedRequestFromJson } from "../../src/llm/index.js";
 import { LaneProbe, RelayConsumer, type PoolView } from "../../src/relay/index.js";
 import { NATS_STREAM, NATS_SUBJECT } from "../../src/stack/configs.js";
-import { gradientPng, sampleRequest, startStack, type ExitStatus, type Stack } from "../../src/stack/index.js";
+import { gradientPng, sampleRequest, startStack, type ExitStatus, type RoleInfo, type Stack } from "../../src/stack/index.js";
 import { requireEtcd, requireNats } from "../support/index.js";
 import { EventWorkload, expectedOverlap, ExpectedFilter, JetStreamPublisher, type PublishReport, type SamplePrompt } from "./events.js";
+import {
+  interleaved,
+  LINK_BYTES_PER_SECOND,
+  publishEvents,
+  startProxyProcess,
+  startSlowRouter,
+  startWideRelay,
+  WIDE_BUCKETS,
+  WIDE_POOL,
+  WIDE_PROGRESS_TIMEOUT_MS,
+  type ProxyProcess,
+} from "./throttled-router.js";
 import { codesText, guardedTransport, HopLoad, summarize, swallowedSessionErrors, type LoadReport, type Outcome } from "./load.js";
 
 /** The Encode workers' lease TTL: short, so that a killed worker leaves etcd within the suite's budget. */
@@ -107,6 +125,19 @@ const KILL_AT = 0.3;
 const NATS_DOWN_MS = 1_000;
 /** Mirror frames: the relay's snapshot chunks are up to 4 MiB. */
 const MIRROR_READ_MAX_BYTES = 16 * 1024 * 1024;
+
+/** Events in the wide pool before the slow router starts, and published once it is up (scenario 8). */
+const WIDE_FILL_EVENTS = 20_000;
+const WIDE_FRESH_EVENTS = 2_000;
+
+/** Scenario 8's roles, started in the background by the before hook. */
+interface WideContext {
+  readonly relay: RoleInfo;
+  readonly proxy: ProxyProcess;
+  readonly workload: EventWorkload;
+  /** From the router's start to its mirror ready: the bootstrap over the link. */
+  readonly bootstrapMs: number;
+}
 
 /** A row's counts: a hop load's, or (undefined columns printed "-") a JetStream scenario's events. */
 interface Counts {
@@ -236,12 +267,28 @@ describe("e2e: the whole stack broken on purpose", function () {
   const noCrash = () => expect(exits.map((e) => `${e.role} exited ${JSON.stringify(e.status)}`), "roles that exited by themselves").to.deep.equal([]);
 
   let events: EventsContext | undefined;
+  /** Scenario 8's start, under way from the before hook: its context, or why it failed. */
+  let wideStart: Promise<{ context?: WideContext; error?: unknown }> | undefined;
+  let wideProxy: ProxyProcess | undefined;
 
-  const adminMetrics = async (role: string) => {
-    const response = await fetch(`http://${stack!.role(role).adminAddress}/metrics`, { headers: headers(), signal: AbortSignal.timeout(2000) });
-    if (response.status !== 200) throw new Error(`${role} /metrics: ${response.status}`);
+  /** Scenario 8's roles: the wide relay (filled), the proxy, and the router behind it, whose start is the bootstrap. */
+  const startWide = async (): Promise<WideContext> => {
+    const ca = readFileSync(stack!.caFile);
+    const relay = await startWideRelay(stack!);
+    const workload = new EventWorkload(8, 80);
+    await publishEvents(guardedTransport(`https://${relay.address}`, { ca }), stack!.token, WIDE_POOL, interleaved(workload, WIDE_FILL_EVENTS));
+    const proxy = (wideProxy = await startProxyProcess(relay.address, LINK_BYTES_PER_SECOND));
+    const started = performance.now();
+    await startSlowRouter(stack!, proxy.addr);
+    return { relay, proxy, workload, bootstrapMs: performance.now() - started };
+  };
+
+  const adminMetricsAt = async (adminAddress: string) => {
+    const response = await fetch(`http://${adminAddress}/metrics`, { headers: headers(), signal: AbortSignal.timeout(2000) });
+    if (response.status !== 200) throw new Error(`${adminAddress} /metrics: ${response.status}`);
     return response.text();
   };
+  const adminMetrics = (role: string) => adminMetricsAt(stack!.role(role).adminAddress);
 
   /** Scenarios 6 and 7's context, made on first use. */
   const eventsContext = async (): Promise<EventsContext> => {
@@ -370,12 +417,17 @@ describe("e2e: the whole stack broken on purpose", function () {
       return preprocessedRequestFromJson(JSON.stringify(json));
     });
     load = new HopLoad(transports, (i) => requests[i % requests.length]!, stack.token);
+    wideStart = startWide().then(
+      (context) => ({ context }),
+      (error: unknown) => ({ error }),
+    );
   });
 
   after(async function () {
     this.timeout(60_000);
     await closeEvents().catch(() => undefined);
     const report = await stack?.stop();
+    await wideProxy?.stop().catch(() => undefined);
     // A failed scenario keeps the state directory (configs, every role's log) for a look.
     const failed = this.test?.parent?.tests.some((t) => t.state === "failed") ?? false;
     if (dir !== undefined && !failed) rmSync(dir, { recursive: true, force: true });
@@ -664,6 +716,73 @@ describe("e2e: the whole stack broken on purpose", function () {
     expect(report.acked, "events acked").to.equal(report.events);
     expect(report.retries, "publishes retried while nats-server was down").to.be.above(0);
     expect(lost, "live blocks missing from the relay's filter").to.equal(0);
+    noCrash();
+  });
+
+  it("8. a router behind a proxy throttling to 1 MB/s bootstraps a 2^21-bucket pool, then stays current", async function () {
+    this.timeout(120_000);
+    const started = await wideStart!;
+    if (started.error !== undefined) throw started.error;
+    const { relay, proxy, workload, bootstrapMs } = started.context!;
+    const ca = readFileSync(stack!.caFile);
+    const routerMetrics = await adminMetricsAt(stack!.role("router-slow").adminAddress);
+    const bootstrapBytes = await proxy.delivered();
+    const resubscribes = metricSum(routerMetrics, "mmgate_router_pool_resubscribes_total");
+    const bootstrapSequence = BigInt(metricSum(routerMetrics, "mmgate_router_pool_installed_sequence"));
+    // Fresh events over the same link: the sample prompts' blocks among them.
+    const prompts = workload.promptEvents(SAMPLE_PROMPTS);
+    const fresh = [...prompts, ...interleaved(workload, WIDE_FRESH_EVENTS)];
+    const overlap = createClient(OverlapService, guardedTransport(`https://${stack!.role("router-slow").address}`, { ca }));
+    const mirror = new RelayConsumer({ transport: guardedTransport(`https://${relay.address}`, { ca }, MIRROR_READ_MAX_BYTES), subscriberId: "mmgate-e2e-wide", relay: relay.address });
+    const mirrorStop = new AbortController();
+    const mirrorRun = mirror.run(mirrorStop.signal);
+    let currentMs: number | undefined;
+    let mismatched: number | undefined;
+    try {
+      const publishedAt = performance.now();
+      await publishEvents(guardedTransport(`https://${relay.address}`, { ca }), stack!.token, WIDE_POOL, fresh);
+      // The router at the relay's sequence (mirrored here without the proxy), answering as the relay's filter does.
+      let got: Answer[] = [];
+      let want: Answer[] = [];
+      const at = await poll("the slow router at the relay's sequence, its answers those of the relay's filter", 60_000, async () => {
+        const view = mirror.pools().find((p) => p.state === "ready");
+        const words = view === undefined ? undefined : mirror.words(view.key);
+        if (view === undefined || words === undefined) return undefined;
+        const routerSequence = BigInt(metricSum(await adminMetricsAt(stack!.role("router-slow").adminAddress), "mmgate_router_pool_installed_sequence"));
+        if (routerSequence !== view.installedSequence) return undefined;
+        const probe = new LaneProbe(view.descriptor!.producer.format, words.slice());
+        want = workload.prompts.map((p) => expectedOverlap(p, probe));
+        got = await Promise.all(
+          workload.prompts.map(async (p) => {
+            const res = await overlap.overlap({ tokens: [...p.tokens], model: MODEL }, { headers: headers(), timeoutMs: 2000 });
+            return res.pools.length === 1 ? { matched: res.pools[0]!.matchedBlocks, total: res.pools[0]!.totalBlocks } : { matched: -1, total: -1 };
+          }),
+        );
+        // The prompts' events went first: once the relay applied them, their answers stay as they are.
+        if (want.filter((a) => a.matched > 0).length <= SAMPLE_PROMPTS / 2 || answersText(got) !== answersText(want)) return undefined;
+        return routerSequence;
+      }).catch((err: unknown) => {
+        mismatched = got.length === 0 ? SAMPLE_PROMPTS : got.filter((a, i) => a.matched !== want[i]?.matched).length;
+        throw err;
+      });
+      currentMs = performance.now() - publishedAt;
+      mismatched = 0;
+      expect(at > bootstrapSequence, `the slow router's sequence ${at} past its snapshot's ${bootstrapSequence}`).to.equal(true);
+    } finally {
+      mirrorStop.abort();
+      await mirrorRun;
+      row(
+        "8 router behind 1 MB/s",
+        { requests: WIDE_FILL_EVENTS + fresh.length, failed: 0 },
+        mismatched ?? SAMPLE_PROMPTS,
+        bootstrapMs,
+        `2^21 buckets: ${(bootstrapBytes / 1e6).toFixed(1)} MB through the proxy, the snapshot in ${fmt(bootstrapMs)} ms (progress timeout ${WIDE_PROGRESS_TIMEOUT_MS} ms), ` +
+          `${resubscribes} resubscription(s); answers current ${fmt(currentMs)} ms after ${fresh.length} more events`,
+      );
+    }
+    expect(resubscribes, "the slow router's resubscriptions (a progress timeout would make one)").to.equal(0);
+    expect(bootstrapBytes, "bytes through the proxy: the lane at least").to.be.above(WIDE_BUCKETS * 8);
+    expect(bootstrapMs, "the snapshot took several progress timeouts").to.be.above(2 * WIDE_PROGRESS_TIMEOUT_MS);
     noCrash();
   });
 
