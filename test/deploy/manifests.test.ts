@@ -16,64 +16,12 @@ import { parseAllDocuments, parse as parseYaml } from "yaml";
 import { builtinModules } from "../../src/modules.js";
 import { peakMemoryBytes, type MediaConfig } from "../../src/media/index.js";
 import { loadConfig, redactedConfig, splitHostPort, type MmgateConfig } from "../../src/server/index.js";
+import type { ConfigMap, Probe, Service, Workload as Deployment } from "../support/k8s.js";
 
 const repoRoot = fileURLToPath(new URL("../../", import.meta.url));
 const examplePath = join(repoRoot, "examples", "mmgate.yaml");
 
 type Obj = Record<string, unknown>;
-
-interface Probe {
-  httpGet?: { path: string; port: string | number };
-  grpc?: { port: number; service?: string };
-  tcpSocket?: { port: string | number };
-}
-interface ContainerPort {
-  name?: string;
-  containerPort: number;
-}
-interface EnvVar {
-  name: string;
-  value?: string;
-  valueFrom?: Obj;
-}
-interface Container {
-  name: string;
-  image: string;
-  command?: string[];
-  args?: string[];
-  ports?: ContainerPort[];
-  env?: EnvVar[];
-  readinessProbe?: Probe;
-  livenessProbe?: Probe;
-  startupProbe?: Probe;
-  resources?: { requests?: Obj; limits?: Obj };
-  securityContext?: { readOnlyRootFilesystem?: boolean; runAsNonRoot?: boolean; allowPrivilegeEscalation?: boolean };
-  volumeMounts?: { name: string; mountPath: string }[];
-  lifecycle?: { preStop?: { exec?: { command: string[] }; sleep?: { seconds: number } } };
-}
-interface Deployment {
-  metadata: { name: string };
-  spec: {
-    selector: { matchLabels: Record<string, string> };
-    template: {
-      metadata: { labels: Record<string, string> };
-      spec: {
-        terminationGracePeriodSeconds?: number;
-        securityContext?: { runAsNonRoot?: boolean; runAsUser?: number };
-        containers: Container[];
-        volumes?: { name: string; configMap?: { name: string }; emptyDir?: Obj }[];
-      };
-    };
-  };
-}
-interface Service {
-  metadata: { name: string };
-  spec: { selector: Record<string, string>; ports: { name: string; port: number; targetPort: string | number; appProtocol?: string }[] };
-}
-interface ConfigMap {
-  metadata: { name: string };
-  data: Record<string, string>;
-}
 
 /** Every .yaml / .yml file under a folder, recursively. */
 function yamlFiles(dir: string): string[] {

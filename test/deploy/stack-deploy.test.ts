@@ -23,6 +23,7 @@ import { builtinModules } from "../../src/modules.js";
 import { gatherRawConfig } from "../../src/server/config/index.js";
 import { loadConfig, splitHostPort, type MmgateConfig, type ServiceModule } from "../../src/server/index.js";
 import { MAX_WORKERS, MIN_WORKERS, ROLE_GRACE_MS, ROLE_KINDS, roleConfig, roleSubcommand, type RoleKind } from "../../src/stack/index.js";
+import type { Container, Kustomization, Pdb, Service, Workload } from "../support/k8s.js";
 
 const repoRoot = fileURLToPath(new URL("../../", import.meta.url));
 const composeDir = join(repoRoot, "deploy", "compose");
@@ -501,67 +502,6 @@ describe("deploy: the whole stack in Compose (deploy/compose)", () => {
 });
 
 // ------------------------------------------------------------- Kubernetes
-
-interface ContainerPort {
-  name?: string;
-  containerPort: number;
-}
-interface Probe {
-  httpGet?: { path: string; port: string | number };
-  grpc?: { port: number; service?: string };
-}
-interface EnvVar {
-  name: string;
-  value?: string;
-  valueFrom?: { fieldRef?: { fieldPath: string }; secretKeyRef?: { name: string; key: string; optional?: boolean } };
-}
-interface Container {
-  name: string;
-  image: string;
-  command?: string[];
-  args?: string[];
-  ports?: ContainerPort[];
-  env?: EnvVar[];
-  readinessProbe?: Probe;
-  livenessProbe?: Probe;
-  startupProbe?: Probe;
-  resources?: { requests?: Obj; limits?: Obj };
-  securityContext?: { readOnlyRootFilesystem?: boolean; allowPrivilegeEscalation?: boolean; capabilities?: { drop?: string[] } };
-  volumeMounts?: { name: string; mountPath: string; readOnly?: boolean }[];
-}
-interface Workload {
-  kind: "Deployment" | "StatefulSet";
-  metadata: { name: string; labels?: Record<string, string> };
-  spec: {
-    replicas?: number;
-    serviceName?: string;
-    selector: { matchLabels: Record<string, string> };
-    template: {
-      metadata: { labels: Record<string, string> };
-      spec: {
-        terminationGracePeriodSeconds?: number;
-        automountServiceAccountToken?: boolean;
-        securityContext?: { runAsNonRoot?: boolean; runAsUser?: number };
-        containers: Container[];
-        volumes?: { name: string; configMap?: { name: string }; emptyDir?: Obj }[];
-      };
-    };
-  };
-}
-interface Service {
-  metadata: { name: string };
-  spec: { clusterIP?: string; selector: Record<string, string>; ports: { name: string; port: number; targetPort: string | number; appProtocol?: string }[] };
-}
-interface Pdb {
-  metadata: { name: string };
-  spec: { maxUnavailable?: number | string; minAvailable?: number | string; selector: { matchLabels: Record<string, string> } };
-}
-interface Kustomization {
-  resources: string[];
-  configMapGenerator?: { name: string; files?: string[] }[];
-  namePrefix?: string;
-  nameSuffix?: string;
-}
 
 interface KubeRole {
   readonly kind: RoleKind;
