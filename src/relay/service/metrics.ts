@@ -27,6 +27,8 @@ export class RelayMetrics {
   readonly terminalFailures: Counter;
   readonly ingestEvents: Counter<"pool" | "result">;
   readonly deltasPublished: Counter<"pool">;
+  readonly bootstrapBytes: Counter<"pool">;
+  readonly bootstraps: Counter<"pool" | "result">;
 
   constructor(registry: Registry, source: RelayGaugeSource) {
     const counter = <L extends string>(name: string, help: string, labelNames: readonly L[] = []): Counter<L> =>
@@ -48,6 +50,12 @@ export class RelayMetrics {
     this.terminalFailures = counter("kv_dc_relay_terminal_publication_failures_total", "Publication generations fenced after a terminal failure");
     this.ingestEvents = counter("mmgate_relay_ingest_events_total", "KV events received by pool and result (applied, rejected)", ["pool", "result"]);
     this.deltasPublished = counter("mmgate_relay_deltas_published_total", "CBI1 deltas published by pool", ["pool"]);
+    this.bootstrapBytes = counter("mmgate_relay_bootstrap_bytes_total", "Snapshot bytes (CBI1 chunk payloads) handed to pool streams, by pool", ["pool"]);
+    this.bootstraps = counter(
+      "mmgate_relay_bootstraps_total",
+      "Pool stream snapshots by pool and result: completed (every chunk handed over), ended (the stream ended or failed before)",
+      ["pool", "result"],
+    );
     gauge("kv_dc_relay_catalog_pool_count", "Pools in the catalog", [], (g) => g.set(source.catalogPoolCount()));
     gauge("kv_dc_relay_requested_publication_hub_count", "Pools whose hub has been asked for by a subscriber", [], (g) => g.set(source.hubCounts().requested));
     gauge("kv_dc_relay_initialized_publication_hub_count", "Publication hubs started", [], (g) => g.set(source.hubCounts().initialized));

@@ -478,6 +478,8 @@ export function relayService(options: RelayServiceOptions): Partial<ServiceImpl<
     const handover = new HandoverWaits(paced, subscriber, stop, config.snapshotProgressTimeoutMs);
     const bootstrap = openSpan("relay.bootstrap", { "mmgate.relay.pool_id": String(expected.poolId), "mmgate.relay.snapshot.sequence": String(snapshot.sequence), "mmgate.relay.snapshot.chunks": frames.count });
     let waits: PoolStreamWaits | undefined;
+    const poolLabel = { pool: pool.name };
+    let bootstrapped = false;
     try {
       for (let i = 0; i < frames.count; i++) {
         if (i > 0) {
@@ -505,6 +507,7 @@ export function relayService(options: RelayServiceOptions): Partial<ServiceImpl<
         }
         const handedAt = performance.now();
         yield update(wireProducer, FilterUpdateKind.SNAPSHOT_CHUNK, frame, snapshot.sequence);
+        metrics.bootstrapBytes.inc(poolLabel, frame.payload.byteLength);
         if (stop.aborted) return;
         // Without paced writes (HTTP/1.1) the transport asks for the next message only once this one is written out.
         if (performance.now() - handedAt > config.snapshotProgressTimeoutMs) {
@@ -518,6 +521,8 @@ export function relayService(options: RelayServiceOptions): Partial<ServiceImpl<
         }
       }
       subscriber.releaseSnapshot();
+      bootstrapped = true;
+      metrics.bootstraps.inc({ ...poolLabel, result: "completed" });
       // The lag the bootstrap left: deltas queued behind the snapshot.
       bootstrap?.set("mmgate.relay.lag_frames", subscriber.queuedFrames).set("mmgate.relay.lag_bytes", subscriber.queuedBytes).end();
       let current = snapshot.sequence;
@@ -607,6 +612,7 @@ export function relayService(options: RelayServiceOptions): Partial<ServiceImpl<
         waits.sent();
       }
     } finally {
+      if (!bootstrapped) metrics.bootstraps.inc({ ...poolLabel, result: "ended" });
       bootstrap?.set("mmgate.relay.bootstrap.interrupted", true).end();
       waits?.dispose();
       handover.dispose();

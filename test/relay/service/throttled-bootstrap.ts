@@ -14,6 +14,7 @@ import { expect } from "chai";
 import { FilterUpdateKind, KvEventRelay } from "../../../gen/dynamo/kvrelay/v1/relay_pb.js";
 import { KvEventService, PublishRequestSchema } from "../../../gen/mmgate/kvevents/v1/kvevents_pb.js";
 import { producerToWire, RELAY_CONTRACT_MARKER, SNAPSHOT_CHUNK_BUCKETS } from "../../../src/relay/index.js";
+import { metricValue } from "../../support/index.js";
 import { startThrottledProxy } from "../../support/throttled-proxy.js";
 import { chain, startRelay, TestMirror, type UpdateView } from "./support.js";
 
@@ -57,7 +58,9 @@ export async function throttledBootstrap(c: ThrottledBootstrapCase): Promise<voi
     const mirror = new TestMirror(pool.producer.format.seed, c.buckets);
     const request = { subscriberId: "throttled", expectedProducer: producerToWire(pool.producer), contractMarker: RELAY_CONTRACT_MARKER };
     let published = false;
+    let snapshotBytes = 0;
     for await (const update of client.subscribeKvPool(request, { signal: abort.signal })) {
+      if (update.kind === FilterUpdateKind.SNAPSHOT_CHUNK) snapshotBytes += update.payload.byteLength;
       mirror.apply({ kind: KINDS[update.kind]!, baseSequence: update.baseSequence, sequence: update.sequence, payload: update.payload });
       if (mirror.words !== undefined && !published) {
         // The snapshot is in: a delta published now must follow it over the same slow link.
@@ -69,6 +72,10 @@ export async function throttledBootstrap(c: ThrottledBootstrapCase): Promise<voi
     expect(mirror.chunks).to.equal(Math.ceil(c.buckets / SNAPSHOT_CHUNK_BUCKETS));
     expect(mirror.deltas).to.equal(1);
     expect(proxy.delivered()).to.be.above(laneBytes);
+    // The bytes the snapshot handed over, and one completed bootstrap, on /metrics.
+    const registry = server.host.metrics.registry;
+    expect(await metricValue(registry, "mmgate_relay_bootstrap_bytes_total", { pool: "default" })).to.equal(snapshotBytes);
+    expect(await metricValue(registry, "mmgate_relay_bootstraps_total", { pool: "default", result: "completed" })).to.equal(1);
     const words = pool.words();
     expect(Buffer.from(mirror.words!.buffer).equals(Buffer.from(words.buffer, words.byteOffset, words.byteLength))).to.equal(true);
   } finally {
