@@ -2,6 +2,7 @@ import { z } from "zod";
 import { MAX_TIMER_MS } from "../util/index.js";
 import { ERROR_CODES } from "./core/errors.js";
 import { DEFAULT_REQUEST_LIMITS, MAX_OUTPUTS_CEILING, isValidSize } from "./core/validation.js";
+import { hostPort } from "../server/index.js";
 
 const MiB = 1024 * 1024;
 const positive = () => z.number().int().min(1);
@@ -60,18 +61,106 @@ const circuitBreakerSchema = z
   })
   .prefault({});
 
-/** Idempotency keys (runtime/idempotency.ts): process-local, bounded, with TTLs. */
+/** Why `server` is neither `HOST:PORT` nor a `nats://HOST:PORT` URL, or undefined when it is one. */
+function natsServerProblem(server: string): string | undefined {
+  if (!server.includes("://")) return hostPort.safeParse(server).success ? undefined : "expected HOST:PORT or a nats:// URL";
+  let url: URL;
+  try {
+    url = new URL(server);
+  } catch {
+    return "expected HOST:PORT or a nats:// URL";
+  }
+  if (url.protocol !== "nats:" || url.hostname === "") return "expected nats://HOST:PORT";
+  if (url.username !== "" || url.password !== "") return "put credentials in user/pass or token, not in the URL";
+  if ((url.pathname !== "" && url.pathname !== "/") || url.search !== "" || url.hash !== "") return "a nats:// URL has only a host and a port";
+  return undefined;
+}
+
+/**
+ * The shared store of idempotency keys (runtime/idempotency-nats.ts): a
+ * NATS JetStream key-value bucket every replica uses.
+ */
+const idempotencyNatsSchema = z
+  .strictObject({
+    /** NATS servers, `HOST:PORT` or `nats://HOST:PORT`; the client picks one and fails over to the others. */
+    servers: z
+      .array(
+        z.string().superRefine((server, ctx) => {
+          const problem = natsServerProblem(server);
+          if (problem !== undefined) ctx.addIssue({ code: "custom", message: problem });
+        }),
+      )
+      .min(1)
+      .default(["127.0.0.1:4222"]),
+    /** Connection name the server shows in its monitoring. */
+    name: z.string().min(1).default("mmgate-images-idempotency"),
+    /** Token authentication; not with user/pass. */
+    token: z.string().min(1).optional(),
+    /** User/password authentication; both or neither. */
+    user: z.string().min(1).optional(),
+    pass: z.string().min(1).optional(),
+    /** The key-value bucket (created when missing, with the settings below; an existing one is used as it is). */
+    bucket: z.string().regex(/^[-\w]{1,64}$/, "letters, digits, _ and -").default("mmgate_idempotency"),
+    /** Copies of the bucket in a clustered server (1..5), when it is created. */
+    replicas: z.int().min(1).max(5).default(1),
+    /** Where the server keeps the bucket: `file` survives a server restart, `memory` does not. */
+    storage: z.enum(["file", "memory"]).default("file"),
+    /** The bucket's size limit, when it is created: past it a response is not stored (`completed_unreplayable`). */
+    maxBucketBytes: z.int().min(MiB).max(Number.MAX_SAFE_INTEGER).default(1024 * MiB),
+    /** Largest value written; a response above it is stored in chunks of at most this (and the server's max_payload). */
+    maxValueBytes: z.int().min(16 * 1024).max(64 * MiB).default(MiB),
+    /** Largest response stored for replay (image bytes and metadata); a heavier one is `completed_unreplayable`. */
+    maxResponseBytes: positive().max(4096 * MiB).default(64 * MiB),
+    /** How long the first connection's handshake may take. */
+    connectTimeoutMs: durationMs().default(2000),
+    /** How long one key-value operation may take before the store counts as unreachable. */
+    requestTimeoutMs: durationMs().default(2000),
+    /** Pause between attempts to reconnect to a lost server (and first wait between attempts to reach the bucket). */
+    reconnectWaitMs: z.int().min(0).max(MAX_TIMER_MS).default(1000),
+    /** How often the replica running a key refreshes its claim. */
+    heartbeatMs: durationMs().default(2000),
+    /**
+     * A running claim not refreshed for this long (as a waiting replica sees
+     * it) is taken over: its owner is presumed dead and the key answers an
+     * unknown outcome. At least 3 heartbeats.
+     */
+    leaseMs: durationMs().default(15_000),
+    /**
+     * While the bucket is unreachable: `local` keeps keys per replica (a retry
+     * that reaches another replica runs again), `refuse` answers keyed
+     * requests `overloaded` (retryable) until it is back.
+     */
+    whenUnavailable: z.enum(["local", "refuse"]).default("local"),
+  })
+  .prefault({})
+  .superRefine((c, ctx) => {
+    if ((c.user === undefined) !== (c.pass === undefined)) {
+      ctx.addIssue({ code: "custom", path: [c.user === undefined ? "user" : "pass"], message: "user and pass go together" });
+    }
+    if (c.token !== undefined && c.user !== undefined) ctx.addIssue({ code: "custom", path: ["token"], message: "token and user/pass exclude each other" });
+    if (c.leaseMs < 3 * c.heartbeatMs) ctx.addIssue({ code: "custom", path: ["leaseMs"], message: "must be at least 3 × heartbeatMs" });
+  });
+
+/** Idempotency keys (runtime/idempotency.ts): bounded, with TTLs, in this process or shared over NATS. */
 const idempotencySchema = z
   .strictObject({
     enabled: z.boolean().default(true),
-    /** Keys remembered at once (pending, completed and unknown-outcome entries). */
+    /**
+     * `memory`: keys live in this process. `nats`: in a JetStream key-value
+     * bucket (`nats`) shared by every replica, this process's memory taking
+     * over while it is unreachable.
+     */
+    store: z.enum(["memory", "nats"]).default("memory"),
+    /** Keys remembered at once in this process (pending, completed and unknown-outcome entries). */
     maxEntries: positive().max(10_000_000).default(10_000),
-    /** Bytes of completed responses kept for replay (images included). */
+    /** Bytes of completed responses kept for replay in this process (images included). */
     maxCompletedBytes: positive().max(64 * 1024 * MiB).default(256 * MiB),
     /** How long a completed response is replayed. */
     completedTtlMs: durationMs().default(86_400_000),
     /** How long an unknown-outcome failure is replayed instead of running again. */
     unknownTtlMs: durationMs().default(86_400_000),
+    /** The shared store, with `store: nats`. */
+    nats: idempotencyNatsSchema,
   })
   .prefault({});
 
@@ -156,3 +245,4 @@ export const imagesConfigSchema = z
 export type ImagesConfig = z.output<typeof imagesConfigSchema>;
 export type OpenAiProviderConfig = z.output<typeof openaiSchema>;
 export type IdempotencyConfig = z.output<typeof idempotencySchema>;
+export type IdempotencyNatsConfig = z.output<typeof idempotencyNatsSchema>;

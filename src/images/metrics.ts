@@ -5,14 +5,25 @@ import type { ImageRuntime, RuntimeOutcome } from "./runtime/runtime.js";
 const STATES = ["closed", "open", "half_open"] as const;
 const IDEMPOTENCY_RESULTS: readonly IdempotencyAnswer[] = ["executed", "replayed", "joined", "conflict"];
 
+/** What the metrics read of the idempotency store at scrape time. */
+export interface IdempotencyStoreState {
+  /** True while a shared store is unreachable and keys are process-local (or refused). */
+  readonly degraded: boolean;
+}
+
 /** Image metrics: gauges read at scrape time, counters fed by the runtime. */
 export class ImageMetrics {
   private readonly requests: Counter<"provider" | "code">;
   private readonly outputs: Counter<"provider" | "result">;
   private readonly providerSeconds: Histogram<"provider" | "outcome">;
   private readonly idempotency: Counter<"result">;
+  private readonly leaseTakeovers: Counter;
 
-  constructor(registry: Registry, runtime: () => ImageRuntime | undefined) {
+  constructor(
+    registry: Registry,
+    runtime: () => ImageRuntime | undefined,
+    idempotencyStore: () => IdempotencyStoreState | undefined = () => undefined,
+  ) {
     new Gauge({
       name: "mmgate_images_circuit_state",
       help: "Circuit breaker state per provider (one-hot over closed, open, half_open)",
@@ -101,6 +112,24 @@ export class ImageMetrics {
       registers: [registry],
     });
     for (const result of IDEMPOTENCY_RESULTS) this.idempotency.inc({ result }, 0);
+    new Gauge({
+      name: "mmgate_images_idempotency_store_degraded",
+      help: "1 while the shared idempotency store (images.idempotency.store nats) is unreachable and keys are process-local (or refused); 0 otherwise, always 0 with the memory store",
+      registers: [registry],
+      collect() {
+        this.set(idempotencyStore()?.degraded === true ? 1 : 0);
+      },
+    });
+    this.leaseTakeovers = new Counter({
+      name: "mmgate_images_idempotency_lease_takeovers_total",
+      help: "Idempotency claims taken over from a replica that stopped refreshing them (the key then answers an unknown outcome)",
+      registers: [registry],
+    });
+  }
+
+  /** A claim of the shared idempotency store was taken over from a replica presumed dead. */
+  recordLeaseTakeover(): void {
+    this.leaseTakeovers.inc();
   }
 
   /** How an image request with an idempotency key was answered: executed (it ran), replayed (a stored answer), joined (one in flight), conflict (another request under the key). */

@@ -14,7 +14,8 @@ import { toConnectError } from "./proto-convert.js";
 import type { ImageRuntime } from "./runtime/runtime.js";
 import { publishProviderHealth } from "./provider-health.js";
 import { imageService, type ImageServiceOptions } from "./service.js";
-import { IdempotencyStore } from "./runtime/idempotency.js";
+import { MemoryIdempotencyStore, type IdempotencyAnswer } from "./runtime/idempotency.js";
+import { NatsIdempotencyStore } from "./runtime/idempotency-nats.js";
 import { openAiImageApi } from "./openai-api/index.js";
 
 /**
@@ -25,10 +26,25 @@ export function mapImageError(error: unknown): ConnectError | undefined {
   return error instanceof ImageError ? toConnectError(error) : undefined;
 }
 
-/** The service's idempotency store, when images.idempotency.enabled, counted by `metrics`. */
-function serviceOptions(config: ImagesConfig, metrics: ImageMetrics): ImageServiceOptions {
-  const { enabled, ...limits } = config.idempotency;
-  return enabled ? { idempotency: new IdempotencyStore(limits, Date.now, (answer) => metrics.recordIdempotency(answer)) } : {};
+/**
+ * The service's idempotency store, when images.idempotency.enabled, counted
+ * by `metrics`: this process's memory, or the NATS bucket the replicas
+ * share (it starts connecting at once; the module closes it).
+ */
+function idempotencyStore(ctx: ModuleContext<ImagesConfig>, metrics: ImageMetrics): MemoryIdempotencyStore | NatsIdempotencyStore | undefined {
+  const { enabled, store, nats, ...limits } = ctx.config.idempotency;
+  if (!enabled) return undefined;
+  const observe = (answer: IdempotencyAnswer) => metrics.recordIdempotency(answer);
+  if (store === "memory") return new MemoryIdempotencyStore(limits, Date.now, observe);
+  const shared = new NatsIdempotencyStore({
+    limits,
+    nats,
+    logger: ctx.logger.child({ component: "idempotency" }),
+    observe,
+    onTakeover: () => metrics.recordLeaseTakeover(),
+  });
+  shared.start();
+  return shared;
 }
 
 /** What an embedder or a test may add when building the module. */
@@ -43,8 +59,8 @@ function createImagesInstance(
   options: ImagesModuleOptions = {},
 ): ModuleInstance & { runtime: ImageRuntime } {
   // The gauges read the runtime at scrape time; it exists by then.
-  const holder: { runtime?: ImageRuntime; health?: ReturnType<typeof publishProviderHealth> } = {};
-  const metrics = new ImageMetrics(ctx.metrics, () => holder.runtime);
+  const holder: { runtime?: ImageRuntime; health?: ReturnType<typeof publishProviderHealth>; idempotency?: NatsIdempotencyStore } = {};
+  const metrics = new ImageMetrics(ctx.metrics, () => holder.runtime, () => holder.idempotency);
   const runtime = buildImageRuntime(ctx.config, {
     ...options,
     onOutcome: (outcome) => {
@@ -61,6 +77,9 @@ function createImagesInstance(
   const providerHealth = publishProviderHealth(runtime, ctx.health, ImageService.typeName);
   holder.health = providerHealth;
   ctx.tasks.run("provider-health", providerHealth.watch);
+  const idempotency = idempotencyStore(ctx, metrics);
+  if (idempotency instanceof NatsIdempotencyStore) holder.idempotency = idempotency;
+  const serviceOptions: ImageServiceOptions = idempotency ? { idempotency } : {};
   // One shutdown for drain and close: requests in flight finish within
   // images.shutdownGraceMs (the host's grace ends it sooner), the rest are
   // answered with timeout, then the providers stop.
@@ -74,11 +93,15 @@ function createImagesInstance(
   };
   return {
     runtime,
-    services: [bindService(ImageService, imageService(runtime, ctx.drainSignal, serviceOptions(ctx.config, metrics)))],
+    services: [bindService(ImageService, imageService(runtime, ctx.drainSignal, serviceOptions))],
     // OpenAI's image endpoints, each request one ImageService call in process.
     httpRoutes: openAiImageApi({ localRoutes: ctx.localRoutes, metrics: ctx.metrics, maxInputFiles: ctx.config.limits.maxInputs }),
     drain: (signal) => stop(signal),
-    close: () => stop(),
+    // The shared store outlives the requests: their outcomes are written before it closes.
+    close: async () => {
+      await stop();
+      await holder.idempotency?.close();
+    },
   };
 }
 

@@ -18,7 +18,7 @@ import {
 } from "./runtime/idempotency.js";
 
 export interface ImageServiceOptions {
-  /** Absent: idempotency keys are validated but every call runs. */
+  /** Absent: idempotency keys are validated but every call runs. In memory or shared (idempotency-nats.ts). */
   readonly idempotency?: IdempotencyStore;
 }
 

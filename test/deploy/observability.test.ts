@@ -733,6 +733,18 @@ const SCENARIOS: readonly Scenario[] = [
     alerts: { MmgateImagesAllBreakersOpen: [{}], MmgateImagesBreakerOpen: [{ provider: "p1" }, { provider: "p2" }] },
   },
   {
+    name: "the shared idempotency store unreachable for 10 minutes",
+    series: [[`mmgate_images_idempotency_store_degraded{${T}}`, "0x2 1x15"]],
+    at: "12m",
+    alerts: { MmgateImagesIdempotencyStoreDegraded: [{}] },
+  },
+  {
+    name: "the shared idempotency store back within 5 minutes",
+    series: [[`mmgate_images_idempotency_store_degraded{${T}}`, "0x2 1x3 0x10"]],
+    at: "12m",
+    alerts: { MmgateImagesIdempotencyStoreDegraded: [] },
+  },
+  {
     name: "20% of encode attempts fall back",
     series: [
       [`encode_attempts_total{${T}}`, "0+60x40"],

@@ -5,7 +5,7 @@ import { ImageError } from "../../src/images/core/errors.js";
 import { defineImagesModule } from "../../src/images/index.js";
 import { createImageRequest, zeroTimings, type ImageResponse } from "../../src/images/model.js";
 import {
-  IdempotencyStore,
+  MemoryIdempotencyStore,
   requestFingerprint,
   responseWeight,
   withHeaderKey,
@@ -38,7 +38,7 @@ const live = () => new AbortController().signal;
 describe("images: idempotency keys", () => {
   describe("store", () => {
     let now = 0;
-    const store = (limits: Partial<IdempotencyLimits> = {}) => new IdempotencyStore({ ...LIMITS, ...limits }, () => now);
+    const store = (limits: Partial<IdempotencyLimits> = {}) => new MemoryIdempotencyStore({ ...LIMITS, ...limits }, () => now);
     beforeEach(() => {
       now = 0;
     });

@@ -5,9 +5,9 @@ import { validationError } from "../core/validation.js";
 import { raceAbort } from "../../util/index.js";
 
 /**
- * Idempotency keys, process-local: a call that repeats an earlier call's key
- * (same scope, same request) gets that call's result, or joins it while it
- * runs, instead of running, and paying, again.
+ * Idempotency keys: a call that repeats an earlier call's key (same scope,
+ * same request) gets that call's result, or joins it while it runs, instead
+ * of running, and paying, again.
  *
  * - Success: the response is replayed for `completedTtlMs`.
  * - Failure with `outcome=unknown`: the error is replayed for
@@ -15,6 +15,11 @@ import { raceAbort } from "../../util/index.js";
  *   so a retry with the same key must not run them again.
  * - Any other failure (never dispatched, or a definite provider failure):
  *   forgotten, so the same key may run again.
+ *
+ * These are the semantics of every `IdempotencyStore`. This file has the
+ * process-local one (`MemoryIdempotencyStore`) and the helpers they share;
+ * `idempotency-nats.ts` keeps the keys in a NATS JetStream key-value bucket
+ * shared by the replicas of a deployment.
  */
 
 export interface IdempotencyLimits {
@@ -54,6 +59,61 @@ export interface IdempotentResult {
   readonly response: ImageResponse;
   /** False for the call that ran the work; true for a replay or a joined call. */
   readonly replayed: boolean;
+}
+
+/** The work of a keyed call; it must not depend on the caller's cancellation. */
+export type IdempotentWork = () => Promise<ImageResponse>;
+
+/**
+ * Where idempotency keys live. `run` runs `work` for the first call with
+ * (scope, key); later calls with the same fingerprint get its result
+ * (joining it while it runs), with a different one `idempotency_conflict`.
+ * `signal` ends only this caller's wait (`cancelled`), never the work, so a
+ * client that drops and retries finds the result.
+ */
+export interface IdempotencyStore {
+  run(scope: string, key: string, fingerprint: string, signal: AbortSignal, work: IdempotentWork): Promise<IdempotentResult>;
+}
+
+/** The answer to the same key with another request, from every store alike. */
+export function idempotencyConflict(): ImageError {
+  return new ImageError("idempotency_conflict", "the idempotency key was used with a different request", {
+    details: { field: "idempotency_key" },
+  });
+}
+
+/** The answer to a key whose successful response was too large to keep: it is not run again, and not replayed. */
+export function completedUnreplayable(setting = "images.idempotency.maxCompletedBytes"): ImageError {
+  return new ImageError("overloaded", "the response of this idempotency key is too large to replay", {
+    retryable: false,
+    details: { outcome: "completed_unreplayable", limit: "idempotency" },
+    suggestions: [`The first call with this key succeeded; use a new key to generate again, or raise ${setting}.`],
+  });
+}
+
+/**
+ * Waits for a run's result on behalf of one caller: the caller giving up
+ * (`signal`) is answered `cancelled` while the run goes on.
+ */
+export async function waitForRun<T>(result: Promise<T>, signal: AbortSignal): Promise<T> {
+  try {
+    return await raceAbort(result, signal);
+  } catch (error) {
+    if (signal.aborted && !(error instanceof ImageError)) throw callerGaveUp();
+    throw error;
+  }
+}
+
+/** What a caller that stopped waiting for a keyed run is told. */
+export function callerGaveUp(): ImageError {
+  return new ImageError("cancelled", "the request was cancelled; the call with this idempotency key goes on", {
+    suggestions: ["Retry with the same idempotency key to get the result."],
+  });
+}
+
+/** Whether a failure must be remembered under its key (the provider may have billed) rather than forgotten. */
+export function isUnknownOutcome(error: ImageError): boolean {
+  return error.details["outcome"] === "unknown";
 }
 
 function invalid(field: string, code: string, message: string): ImageError {
@@ -123,6 +183,10 @@ export function requestFingerprint(request: ImageRequest): string {
   return hash.digest("hex");
 }
 
+function entryId(scope: string, key: string): string {
+  return `${scope}\u0000${key}`;
+}
+
 /** What a completed response costs to keep: its image bytes plus its metadata as JSON. */
 export function responseWeight(response: ImageResponse): number {
   let images = 0;
@@ -133,8 +197,8 @@ export function responseWeight(response: ImageResponse): number {
   return ENTRY_OVERHEAD_BYTES + images + Buffer.byteLength(JSON.stringify({ ...response, data }));
 }
 
-/** Bounded, TTL'd store of idempotent calls; expiry is checked lazily, no timers. */
-export class IdempotencyStore {
+/** Process-local, bounded, TTL'd store of idempotent calls; expiry is checked lazily, no timers. */
+export class MemoryIdempotencyStore implements IdempotencyStore {
   private readonly entries = new Map<string, Entry>();
   private completedBytes = 0;
 
@@ -153,34 +217,18 @@ export class IdempotencyStore {
     return this.completedBytes;
   }
 
-  /**
-   * Runs `work` for the first call with (scope, key); later calls with the
-   * same fingerprint get its result (joining it while it runs), with a
-   * different one `idempotency_conflict`. `work` must not depend on this
-   * caller's cancellation: `signal` ends only this caller's wait
-   * (`cancelled`), never the work, so a client that drops and retries
-   * finds the result.
-   */
-  async run(
-    scope: string,
-    key: string,
-    fingerprint: string,
-    signal: AbortSignal,
-    work: () => Promise<ImageResponse>,
-  ): Promise<IdempotentResult> {
-    const id = `${scope}\u0000${key}`;
+  async run(scope: string, key: string, fingerprint: string, signal: AbortSignal, work: IdempotentWork): Promise<IdempotentResult> {
+    const id = entryId(scope, key);
     const existing = this.lookup(id);
     if (existing) {
       if (existing.fingerprint !== fingerprint) {
         this.observe("conflict");
-        throw new ImageError("idempotency_conflict", "the idempotency key was used with a different request", {
-          details: { field: "idempotency_key" },
-        });
+        throw idempotencyConflict();
       }
       this.observe(existing.state === "pending" ? "joined" : "replayed");
       if (existing.state === "completed") return { response: existing.response, replayed: true };
       if (existing.state === "failed") throw existing.error;
-      return { response: await this.wait(existing.result, signal), replayed: true };
+      return { response: await waitForRun(existing.result, signal), replayed: true };
     }
     this.observe("executed");
     this.makeRoom();
@@ -191,20 +239,32 @@ export class IdempotencyStore {
       (response) => this.settle(id, entry, response, undefined),
       (error: unknown) => this.settle(id, entry, undefined, toImageError(error)),
     );
-    return { response: await this.wait(result, signal), replayed: false };
+    return { response: await waitForRun(result, signal), replayed: false };
   }
 
-  private async wait(result: Promise<ImageResponse>, signal: AbortSignal): Promise<ImageResponse> {
+  /** Whether (scope, key) has a live entry here: running, or a stored answer not yet expired. Changes nothing. */
+  holds(scope: string, key: string): boolean {
+    const entry = this.entries.get(entryId(scope, key));
+    return entry !== undefined && (entry.state === "pending" || entry.expiresAt > this.now());
+  }
+
+  /**
+   * Keeps the outcome of a run that happened elsewhere (a shared store that
+   * could not record it), as if it had run here: later calls on this
+   * process replay it. Best effort: with no room left it is not kept.
+   */
+  remember(scope: string, key: string, fingerprint: string, outcome: { readonly response: ImageResponse } | { readonly error: ImageError }): void {
+    const id = entryId(scope, key);
+    if (this.lookup(id)) return;
     try {
-      return await raceAbort(result, signal);
-    } catch (error) {
-      if (signal.aborted && !(error instanceof ImageError)) {
-        throw new ImageError("cancelled", "the request was cancelled; the call with this idempotency key goes on", {
-          suggestions: ["Retry with the same idempotency key to get the result."],
-        });
-      }
-      throw error;
+      this.makeRoom();
+    } catch {
+      return;
     }
+    const placeholder: Entry = { state: "pending", fingerprint, result: new Promise<ImageResponse>(() => undefined) };
+    this.entries.set(id, placeholder);
+    if ("response" in outcome) this.settle(id, placeholder, outcome.response, undefined);
+    else this.settle(id, placeholder, undefined, outcome.error);
   }
 
   /** The live entry under `id`, refreshed as most recently used; expired entries are dropped. */
@@ -266,12 +326,7 @@ export class IdempotencyStore {
       const bytes = responseWeight(response);
       if (bytes > this.limits.maxCompletedBytes) {
         // The caller that ran it has its response; a replay cannot have it and must not run it again.
-        const unreplayable = new ImageError("overloaded", "the response of this idempotency key is too large to replay", {
-          retryable: false,
-          details: { outcome: "completed_unreplayable", limit: "idempotency" },
-          suggestions: ["The first call with this key succeeded; use a new key to generate again, or raise images.idempotency.maxCompletedBytes."],
-        });
-        this.entries.set(id, { state: "failed", fingerprint: pending.fingerprint, error: unreplayable, expiresAt: now + this.limits.completedTtlMs });
+        this.entries.set(id, { state: "failed", fingerprint: pending.fingerprint, error: completedUnreplayable(), expiresAt: now + this.limits.completedTtlMs });
         return;
       }
       this.sweepExpired();
@@ -280,7 +335,7 @@ export class IdempotencyStore {
       this.completedBytes += bytes;
       return;
     }
-    if (error && error.details["outcome"] === "unknown") {
+    if (error && isUnknownOutcome(error)) {
       this.entries.set(id, { state: "failed", fingerprint: pending.fingerprint, error, expiresAt: now + this.limits.unknownTtlMs });
     }
   }
