@@ -64,6 +64,12 @@ export const subcommands: readonly LazySubcommand[] = [
     load: async () => (await import("./admin.js")).adminCommand(),
   },
   {
+    name: "keys",
+    description: "the keys file (auth.keysFile): add, list and remove named keys with scopes; a running server reloads it",
+    term: "keys",
+    load: async () => (await import("./keys.js")).keysCommand(),
+  },
+  {
     name: "media",
     description: "decode images and videos to tensors and compute canonical content hashes",
     term: "media",

@@ -288,9 +288,9 @@ export function createHop(ctx: ModuleContext<EncodeHopConfig>, seams: HopSeams) 
     return c;
   };
   const local = inProcessTransport({ routes: ctx.localRoutes.routes, interceptors: ctx.localRoutes.interceptors, registry: ctx.metrics });
-  const pool = new ChannelPool(config.channel, { registry: ctx.metrics });
+  const pool = new ChannelPool(config.channel, { registry: ctx.metrics, logger: ctx.logger });
   // The downstream gets a pool of its own only when its settings differ (another credential, say).
-  const downstreamPool = config.downstreamChannel === undefined ? pool : new ChannelPool(config.downstreamChannel, { registry: ctx.metrics });
+  const downstreamPool = config.downstreamChannel === undefined ? pool : new ChannelPool(config.downstreamChannel, { registry: ctx.metrics, logger: ctx.logger });
   const transportOf = (address: string): Transport => (address === "local" ? local : pool.get(address));
   const downstreamTransport = config.downstream === "local" ? local : downstreamPool.get(config.downstream);
   const contextHeaders = [...CONTEXT_HEADERS, ...config.forwardHeaders];

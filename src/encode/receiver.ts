@@ -263,7 +263,7 @@ export class TensorReceiver {
     this.advertisedAddress = deps.advertisedAddress;
     this.seams = deps.seams ?? {};
     this.local = inProcessTransport({ routes: deps.localRoutes.routes, interceptors: deps.localRoutes.interceptors, registry: deps.metrics });
-    this.pool = new ChannelPool(deps.config.channel, { registry: deps.metrics });
+    this.pool = new ChannelPool(deps.config.channel, { registry: deps.metrics, logger: deps.logger });
     this.slots = new Semaphore(deps.config.maxConcurrentReads);
     const name = "mmgate_token_worker_receipts_total";
     this.results = registeredMetric(

@@ -4,8 +4,10 @@ import { isIP } from "node:net";
 import { Code, ConnectError } from "@connectrpc/connect";
 import type { Interceptor, Transport } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
+import type { Logger } from "pino";
 import type { Registry } from "prom-client";
 import { hostPort, splitHostPort } from "../server/index.js";
+import { ChannelTls } from "./channel-tls.js";
 import { ChannelConfigError, type ChannelOptions } from "./config.js";
 import { createLeanGrpcTransport } from "./lean-transport.js";
 import { GuardedSessionManager } from "./session.js";
@@ -20,6 +22,8 @@ export interface ChannelDeps {
   readonly interceptors?: readonly Interceptor[];
   /** The clock of CallContext.deadline; `performance.now()` by default. */
   readonly now?: () => number;
+  /** Where a reload of the channel's TLS files (certFile, keyFile, caFile) is logged; not logged without it. */
+  readonly logger?: Pick<Logger, "info" | "warn">;
 }
 
 /**
@@ -39,15 +43,6 @@ export interface Channel extends Transport {
   close(): Promise<void>;
   /** Refuses new calls and closes the connection now, ending every open call with `reason` (CANCELED by default). */
   abort(reason?: Error): void;
-}
-
-/** Reads the CA file; failure is a ChannelConfigError naming `caFile`. */
-function readCa(file: string): Buffer {
-  try {
-    return readFileSync(file);
-  } catch (err) {
-    throw new ChannelConfigError("caFile", `cannot read ${file}: ${(err as Error).message}`);
-  }
 }
 
 /**
@@ -92,8 +87,10 @@ function bearerInterceptor(token: string): Interceptor {
  * deadline propagation and `x-request-id` from the CallContext in its
  * `contextValues` (see withCallContext), and client metrics when
  * `deps.registry` is given, and the channel's own credential when `token`
- * or `tokenFile` is set. Throws ChannelConfigError when the CA or token file
- * cannot be read, and a RangeError for a target that is not HOST:PORT.
+ * or `tokenFile` is set; with `certFile` and `keyFile` it presents that
+ * certificate to peers that ask for one (mutual TLS). Throws
+ * ChannelConfigError when the CA, certificate, key or token file cannot be
+ * used, and a RangeError for a target that is not HOST:PORT.
  */
 export function createChannel(target: string, options: ChannelOptions, deps: ChannelDeps = {}): Channel {
   const valid = hostPort.safeParse(target);
@@ -101,7 +98,14 @@ export function createChannel(target: string, options: ChannelOptions, deps: Cha
   const { host } = splitHostPort(target);
   const nodeOptions: SecureClientSessionOptions = {};
   if (options.tls) {
-    if (options.caFile !== "") nodeOptions.ca = readCa(options.caFile);
+    if (options.caFile !== "" || options.certFile !== "") {
+      const credentials = new ChannelTls(options, target, deps);
+      // connect-node hands these options to http2.connect for each connection
+      // it opens, which copies them, reading this getter: a new connection
+      // gets the credentials of the moment (re-read when their files
+      // changed), an open one keeps those it has.
+      Object.defineProperty(nodeOptions, "secureContext", { enumerable: true, get: () => credentials.secureContext() });
+    }
     // No SNI for an IP address (TLS forbids it); the certificate is still checked against the address.
     if (options.serverName !== "") nodeOptions.servername = options.serverName;
     else if (isIP(host) !== 0) nodeOptions.servername = "";

@@ -22,7 +22,7 @@ export function addrOption(): Option {
 
 /** `--token` for methods that need the bearer token; MMGATE_AUTH_TOKEN is the default. */
 export function tokenOption(): Option {
-  return new Option("--token <token>", "bearer token for mutating and admin methods").env("MMGATE_AUTH_TOKEN");
+  return new Option("--token <token>", "bearer token for mutating and admin methods: the server's auth.token, or a key of its auth.keysFile").env("MMGATE_AUTH_TOKEN");
 }
 
 const UNIT_MS: Readonly<Record<string, number>> = { ms: 1, s: 1000, m: 60_000, h: 3_600_000 };

@@ -25,6 +25,13 @@ export const channelConfigSchema = z
      */
     serverName: z.string().default(""),
     /**
+     * PEM certificate (and chain) the channel presents to peers that ask for one (mutual TLS), and its key;
+     * both or neither. Re-read when the files change: new connections present the new pair, open ones go on.
+     * Needs `tls`.
+     */
+    certFile: z.string().default(""),
+    keyFile: z.string().default(""),
+    /**
      * Interval of HTTP/2 PING frames on a connection with open calls, to find a dead peer; 0 turns pings off.
      * Default 30000 (30 s).
      */
@@ -56,9 +63,11 @@ export const channelConfigSchema = z
   .superRefine((c, ctx) => {
     if (c.token !== "" && c.tokenFile !== "") ctx.addIssue({ code: "custom", path: ["tokenFile"], message: "token and tokenFile are alternatives: set one" });
     if (/\s/.test(c.token)) ctx.addIssue({ code: "custom", path: ["token"], message: "a token cannot contain white space" });
+    if ((c.certFile === "") !== (c.keyFile === "")) ctx.addIssue({ code: "custom", path: [c.certFile === "" ? "certFile" : "keyFile"], message: "certFile and keyFile go together" });
     if (c.tls) return;
     if (c.caFile !== "") ctx.addIssue({ code: "custom", path: ["caFile"], message: "caFile needs tls: true" });
     if (c.serverName !== "") ctx.addIssue({ code: "custom", path: ["serverName"], message: "serverName needs tls: true" });
+    if (c.certFile !== "") ctx.addIssue({ code: "custom", path: ["certFile"], message: "certFile needs tls: true" });
   });
 
 /** Outbound settings, every default applied. */
@@ -69,7 +78,7 @@ export type ChannelConfigInput = z.input<typeof channelConfigSchema>;
 /** The defaults, for code that builds options without a config file. */
 export const channelDefaults: ChannelOptions = Object.freeze(channelConfigSchema.parse({}));
 
-/** A channel setting that cannot be used (an unreadable CA file); names its field. */
+/** A channel setting that cannot be used (an unreadable CA file, a key that is not the certificate's); names its field. */
 export class ChannelConfigError extends Error {
   override readonly name = "ChannelConfigError";
   constructor(

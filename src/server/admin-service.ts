@@ -2,6 +2,7 @@ import type { JsonObject } from "@bufbuild/protobuf";
 import type { ServiceImpl } from "@connectrpc/connect";
 import { Code, ConnectError } from "@connectrpc/connect";
 import { AdminService } from "../../gen/mmgate/admin/v1/admin_pb.js";
+import { authEnabled } from "./access/index.js";
 import type { MmgateConfig } from "./config/index.js";
 import { redactedConfig } from "./config/index.js";
 import type { HealthRegistry } from "./health.js";
@@ -53,10 +54,13 @@ export function adminService(state: AdminState): Partial<ServiceImpl<typeof Admi
       return { status: state.health.get(req.service) ?? ServingStatus.UNKNOWN };
     },
     drain() {
-      // With no token every client is an admin: stopping the process is
+      // With auth off every client is an admin: stopping the process is
       // not something to leave open by default.
-      if (state.config.auth.token === "") {
-        throw new ConnectError("Drain needs auth.token set (without it any client could stop the server); send SIGTERM instead", Code.FailedPrecondition);
+      if (!authEnabled(state.config.auth)) {
+        throw new ConnectError(
+          "Drain needs auth on: auth.token, auth.keysFile or auth.certificates set (without it any client could stop the server); send SIGTERM instead",
+          Code.FailedPrecondition,
+        );
       }
       const alreadyDraining = drainRequested || state.health.isDraining;
       drainRequested = true;

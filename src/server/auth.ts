@@ -1,40 +1,31 @@
-import { createHash, timingSafeEqual } from "node:crypto";
-import type { DescMethod } from "@bufbuild/protobuf";
-import { getOption } from "@bufbuild/protobuf";
-import type { Interceptor } from "@connectrpc/connect";
-import { Code, ConnectError } from "@connectrpc/connect";
-import { Access, access } from "../../gen/mmgate/options/v1/options_pb.js";
-
-export { Access };
-
-/** The access level a method declares with `(mmgate.options.v1.access)`; PUBLIC when absent. */
-export function methodAccess(method: DescMethod): Access {
-  const level = getOption(method, access);
-  return level === Access.UNSPECIFIED ? Access.PUBLIC : level;
-}
-
-function digest(text: string): Buffer {
-  return createHash("sha256").update(text).digest();
-}
-
 /**
- * Requires `authorization: Bearer <token>` on MUTATING and ADMIN methods
- * when a token is configured. Comparing digests keeps the check constant
- * time whatever the presented token's length.
+ * The host's auth interceptor: every call of a MUTATING or ADMIN method
+ * needs a caller (a bearer key, or a verified client certificate) whose
+ * scopes grant it; PUBLIC methods are open to anyone. Access control
+ * (./access/) decides; this puts its verdict on the call: the caller in the
+ * context values (`callerKey`), the RPC record (the log line and the
+ * metrics' `caller` label) and the call's trace span (`mmgate.caller`).
  */
-export function bearerAuthInterceptor(token: string): Interceptor {
-  const expected = digest(token);
+import type { Interceptor } from "@connectrpc/connect";
+import { setCurrentSpanAttribute } from "../telemetry/index.js";
+import type { AccessControl } from "./access/index.js";
+import { callerKey, peerCertificateKey } from "./caller.js";
+import { rpcRecordKey } from "./rpc-observer.js";
+
+export { Access, methodAccess } from "./access/index.js";
+
+/** Installed when auth is on (authEnabled): token, keys file or certificate rules. */
+export function authInterceptor(access: AccessControl): Interceptor {
   return (next) => async (req) => {
-    if (token !== "" && methodAccess(req.method) !== Access.PUBLIC) {
-      const header = req.header.get("authorization") ?? "";
-      const match = /^Bearer\s+(\S+)\s*$/i.exec(header);
-      if (!match) {
-        throw new ConnectError(`${req.method.parent.typeName}/${req.method.name} requires a bearer token`, Code.Unauthenticated);
-      }
-      if (!timingSafeEqual(digest(match[1]!), expected)) {
-        throw new ConnectError("invalid bearer token", Code.Unauthenticated);
-      }
+    const verdict = access.authorize(req.method, req.header.get("authorization"), req.contextValues.get(peerCertificateKey));
+    const caller = verdict.caller;
+    if (caller !== undefined) {
+      req.contextValues.set(callerKey, caller);
+      const record = req.contextValues.get(rpcRecordKey);
+      if (record !== undefined) record.caller = caller.name;
+      setCurrentSpanAttribute("mmgate.caller", caller.name);
     }
+    if (verdict.refusal !== undefined) throw verdict.refusal;
     return next(req);
   };
 }

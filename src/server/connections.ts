@@ -6,10 +6,14 @@ import type { HostConfig } from "./config/index.js";
 
 export type ConnectionLimits = HostConfig["connections"];
 
-/** Why the server closed a connection, the `reason` label of `mmgate_connections_closed_total`. */
-export type CloseReason = "idle" | "keepalive_timeout" | "ping_abuse" | "handshake_timeout" | "over_limit";
+/**
+ * Why the server closed a connection, the `reason` label of
+ * `mmgate_connections_closed_total`; client_certificate: mutual TLS
+ * refused its certificate, or its lack of one (client-auth.ts).
+ */
+export type CloseReason = "idle" | "keepalive_timeout" | "ping_abuse" | "handshake_timeout" | "over_limit" | "client_certificate";
 
-const REASONS: readonly CloseReason[] = ["idle", "keepalive_timeout", "ping_abuse", "handshake_timeout", "over_limit"];
+const REASONS: readonly CloseReason[] = ["idle", "keepalive_timeout", "ping_abuse", "handshake_timeout", "over_limit", "client_certificate"];
 
 /** Counts connections the server closed, by reason. */
 export function connectionMetrics(registry: Registry): (reason: CloseReason) => void {

@@ -7,7 +7,8 @@ import { codeToString } from "@connectrpc/connect/protocol-connect";
 import { connectNodeAdapter } from "@connectrpc/connect-node";
 import type { Logger } from "pino";
 import { Counter } from "prom-client";
-import { bearerAuthInterceptor } from "./auth.js";
+import type { AccessControl } from "./access/index.js";
+import { authInterceptor } from "./auth.js";
 import { callInterceptor } from "./call-interceptor.js";
 import type { MmgateConfig } from "./config/index.js";
 import { splitHostPort } from "./config/index.js";
@@ -19,6 +20,7 @@ import { jsonOptions } from "./json-options.js";
 import type { Listener, NodeRequest, NodeResponse, RequestHandler } from "./listener.js";
 import type { RpcMetrics } from "./metrics.js";
 import type { ErrorMapper, HostStatusDecorator, HttpRoute, LocalRoutes } from "./module.js";
+import { connectionOf, setPeerCertificate } from "./peer-certificate.js";
 import { addReflection } from "./reflection.js";
 import { HostAllowList } from "./request-host.js";
 import type { RpcObserver } from "./rpc-observer.js";
@@ -171,6 +173,8 @@ export interface DispatchOptions {
   readonly metrics: RpcMetrics;
   readonly observer: RpcObserver;
   readonly signals: ShutdownSignals;
+  /** Who may call what: the auth interceptor's verdicts. */
+  readonly access: AccessControl;
 }
 
 /** A service connect routes: a module's binding, or one of the host's own. */
@@ -304,12 +308,12 @@ export class Dispatch {
 
   /**
    * The host's interceptors, for connect and the lean path alike: the call
-   * interceptor (draining, error mapping, the RPC log), then bearer auth
-   * when a token is configured, with the tracing interceptor outermost when
-   * tracing is on.
+   * interceptor (draining, error mapping, the RPC log), then auth when any
+   * of auth.token, auth.keysFile or auth.certificates is set, with the
+   * tracing interceptor outermost when tracing is on.
    */
   private interceptors(table: RouteTable, tracing: boolean): Interceptor[] {
-    const { config, logger, signals } = this.options;
+    const { access, logger, signals } = this.options;
     const interceptors: Interceptor[] = [
       callInterceptor({
         // Not while shutdown.delayMs lasts: health says NOT_SERVING, calls are still taken.
@@ -320,7 +324,7 @@ export class Dispatch {
         logger,
       }),
     ];
-    if (config.auth.token !== "") interceptors.push(bearerAuthInterceptor(config.auth.token));
+    if (access.enabled) interceptors.push(authInterceptor(access));
     if (tracing) {
       // Outermost: the span sees the status the call interceptor mapped; the RPC log line names the span.
       interceptors.unshift(
@@ -337,7 +341,7 @@ export class Dispatch {
 
   /** connect-node's handler for every service; an unknown method is answered UNIMPLEMENTED by the host. */
   private connectAdapter(interceptors: Interceptor[], registerRoutes: (router: ConnectRouter) => void): ReturnType<typeof connectNodeAdapter> {
-    const { config, observer, signals } = this.options;
+    const { config, observer, signals, tls } = this.options;
     const compressMinBytes = config.rpc.responseCompressionMinBytes;
     return connectNodeAdapter({
       jsonOptions,
@@ -354,7 +358,12 @@ export class Dispatch {
         for (const h of router.handlers) methods.push(h.method);
         observer.register(methods);
       },
-      contextValues: (req) => createContextValues().set(rpcRecordKey, observer.recordFor(req)),
+      contextValues: (req) => {
+        const values = createContextValues().set(rpcRecordKey, observer.recordFor(req));
+        // The client certificate the handshake verified (mutual TLS), for authentication and the services.
+        if (tls) setPeerCertificate(values, connectionOf(req));
+        return values;
+      },
       fallback: (req, res) => {
         const record = observer.recordFor(req);
         if (record) {

@@ -10,6 +10,7 @@ import { EncodedMessage } from "../wire/index.js";
 import { serializeChunked } from "./message-chunks.js";
 import { isConnectionHeader, webHeadersOf } from "./h2-headers.js";
 import { h2ResetError } from "./h2-reset.js";
+import { setPeerCertificate } from "./peer-certificate.js";
 import type { ObservedCall, RpcObserver } from "./rpc-observer.js";
 import { rpcRecordKey } from "./rpc-observer.js";
 
@@ -349,6 +350,7 @@ export abstract class LeanCall implements HandlerContext {
     this.method = route.method;
     this.service = route.method.parent;
     this.values = new CallValues().set(rpcRecordKey, observed.record);
+    if (path.options.tls) setPeerCertificate(this.values, stream.session);
     (stream as CallStream)[callKey] = this;
     if (timeout !== undefined) {
       this.timeoutError = timeout.error;

@@ -31,3 +31,16 @@ export { serializeChunked } from "./message-chunks.js";
 export { preEncode, preEncodedEnvelope, writesBinary } from "./pre-encoded.js";
 export { h2ResetError } from "./h2-reset.js";
 export { webHeadersOf } from "./h2-headers.js";
+export {
+  addKey,
+  callerNameSchema,
+  configuredKeysFile,
+  generateKey,
+  keyDigest,
+  KeysFileError,
+  readKeysFileSync,
+  removeKey,
+  scopeCatalog,
+  scopeSchema,
+  type KeyEntry,
+} from "./access/index.js";

@@ -1,16 +1,19 @@
-import { readFileSync } from "node:fs";
 import { createServer as createHttp1Server } from "node:http";
 import type { Server as HttpServer, IncomingMessage, ServerResponse } from "node:http";
 import * as http2 from "node:http2";
 import type { AddressInfo, Socket } from "node:net";
 import type { Logger } from "pino";
 import type { Registry } from "prom-client";
+import { clientAuthOptions, enforceClientAuth } from "./client-auth.js";
 import { splitCleartextProtocols } from "./cleartext-http1.js";
 import type { ProtocolSplit } from "./cleartext-http1.js";
 import type { MmgateConfig } from "./config/index.js";
 import { ConfigError, splitHostPort } from "./config/index.js";
 import { guardConnections, http1ServerTimeouts } from "./connections.js";
-import { MAX_TIMER_MS } from "../util/index.js";
+import { peerOf } from "./rpc-observer.js";
+import { TlsReloader } from "./tls-reload.js";
+import { expiresAt, filesStamp, loadTlsFiles, MAX_TIMER_MS, TlsFileError, tlsMetrics } from "../util/index.js";
+import type { TlsFields, TlsFiles, TlsMaterial } from "../util/index.js";
 
 export type NodeRequest = http2.Http2ServerRequest | IncomingMessage;
 export type NodeResponse = http2.Http2ServerResponse | ServerResponse;
@@ -32,12 +35,19 @@ function formatAddress(info: AddressInfo): string {
   return info.family === "IPv6" ? `[${info.address}]:${info.port}` : `${info.address}:${info.port}`;
 }
 
-/** Reads a PEM file named by a config field; failures name the field. */
-function readTlsFile(field: string, path: string): Buffer {
+const TLS_FIELDS: TlsFields = { certFile: "tls.certFile", keyFile: "tls.keyFile", caFile: "tls.clientCaFile" };
+
+function tlsFilesOf(config: MmgateConfig): TlsFiles {
+  return { certFile: config.tls.certFile, keyFile: config.tls.keyFile, caFile: config.tls.clientCaFile };
+}
+
+/** Reads and checks the listener's TLS files; a file that cannot be used is a config error naming its field. */
+function loadServerTls(files: TlsFiles): TlsMaterial {
   try {
-    return readFileSync(path);
+    return loadTlsFiles(files, TLS_FIELDS);
   } catch (err) {
-    throw new ConfigError(`${field}: cannot read ${path}: ${(err as Error).message}`);
+    if (err instanceof TlsFileError) throw new ConfigError(err.message);
+    throw err;
   }
 }
 
@@ -85,7 +95,10 @@ export class Listener {
 
   constructor(options: ListenerOptions) {
     const { config, onRequest } = options;
-    this.server = this.createHttp2Server(options);
+    // The files' stamp before they are read: a change while they are read is seen by the reloader.
+    const tlsStamp = options.tls ? filesStamp(tlsFilesOf(config)) : "";
+    const tlsMaterial = options.tls ? loadServerTls(tlsFilesOf(config)) : undefined;
+    this.server = this.createHttp2Server(options, tlsMaterial);
     // Cleartext HTTP/1.1 (curl, browsers' fetch, Connect and gRPC-Web
     // clients, the OpenAI SDKs) on the same port: connections that do not
     // open with the HTTP/2 preface go to this server. Over TLS, ALPN decides
@@ -94,6 +107,16 @@ export class Listener {
     this.trackConnections(config.limits.connectionWindowBytes, options.drainingSignal);
     // Handshake, idle, keepalive and PING limits, and the connection cap.
     const countClosed = guardConnections(this.server, config.connections, options.registry);
+    // Registered on every listener, so that dashboards and alerts find the names; series once TLS is on.
+    const metrics = tlsMetrics(options.registry, options.tls ? "server" : undefined);
+    if (tlsMaterial !== undefined) {
+      const server = this.server as http2.Http2SecureServer;
+      enforceClientAuth(server, config.tls.clientAuth, (socket, reason) => {
+        countClosed("client_certificate");
+        options.logger.info({ peer: peerOf(socket), reason, clientAuth: config.tls.clientAuth }, "TLS connection refused: its client certificate did not verify");
+      });
+      this.watchTlsFiles(server, options, tlsMaterial, tlsStamp, metrics);
+    }
     this.protocolSplit = this.http1
       ? splitCleartextProtocols(this.server as http2.Http2Server, this.http1, {
           decideWithinMs: config.connections.handshakeTimeoutMs,
@@ -165,17 +188,23 @@ export class Listener {
     await this.closeHttp1();
   }
 
-  private createHttp2Server(options: ListenerOptions): http2.Http2Server | http2.Http2SecureServer {
+  private createHttp2Server(options: ListenerOptions, tls: TlsMaterial | undefined): http2.Http2Server | http2.Http2SecureServer {
     const { config, onRequest } = options;
     const settings: http2.Settings = {
       initialWindowSize: config.limits.streamWindowBytes,
       maxConcurrentStreams: config.limits.maxConcurrentStreams,
     };
-    if (!options.tls) return http2.createServer({ settings, maxSessionMemory: 64 }, onRequest);
+    if (tls === undefined) return http2.createServer({ settings, maxSessionMemory: 64 }, onRequest);
+    if (tls.leaf !== undefined && expiresAt(tls.leaf) <= Date.now()) {
+      options.logger.warn({ certFile: config.tls.certFile, validTo: tls.leaf.validTo }, "the TLS certificate has expired: clients that check it refuse to connect");
+    }
     return http2.createSecureServer(
       {
-        cert: readTlsFile("tls.certFile", config.tls.certFile),
-        key: readTlsFile("tls.keyFile", config.tls.keyFile),
+        cert: tls.cert,
+        key: tls.key,
+        // The CA of client certificates: verified during the handshake, refused or let in by enforceClientAuth.
+        ...(tls.ca !== undefined ? { ca: tls.ca } : {}),
+        ...clientAuthOptions(config.tls.clientAuth),
         allowHTTP1: true,
         settings,
         maxSessionMemory: 64,
@@ -184,6 +213,29 @@ export class Listener {
       },
       onRequest,
     );
+  }
+
+  /**
+   * Rotation: changed certificate, key or client CA files go into use for
+   * new connections (tls-reload.ts), from the moment the port is bound
+   * until the server closes.
+   */
+  private watchTlsFiles(server: http2.Http2SecureServer, options: ListenerOptions, material: TlsMaterial, stamp: string, metrics: ReturnType<typeof tlsMetrics>): void {
+    const reloader = new TlsReloader(
+      {
+        files: tlsFilesOf(options.config),
+        fields: TLS_FIELDS,
+        intervalMs: options.config.tls.reloadIntervalMs,
+        // setSecureContext keeps the server's other settings (ALPN, requestCert); only the context is new.
+        apply: (m) => server.setSecureContext({ cert: m.cert, key: m.key, ...(m.ca !== undefined ? { ca: m.ca } : {}) }),
+        logger: options.logger,
+        metrics,
+      },
+      material,
+      stamp,
+    );
+    server.once("listening", () => reloader.start());
+    server.once("close", () => reloader.stop());
   }
 
   private trackConnections(connectionWindowBytes: number, drainingSignal: AbortSignal): void {

@@ -11,7 +11,7 @@ export type RpcType = "unary" | "client_stream" | "server_stream" | "bidi_stream
 export class RpcMetrics {
   readonly registry: Registry;
   private readonly started: Counter<"grpc_service" | "grpc_method" | "grpc_type">;
-  private readonly handled: Counter<"grpc_service" | "grpc_method" | "grpc_type" | "grpc_code">;
+  private readonly handled: Counter<"grpc_service" | "grpc_method" | "grpc_type" | "grpc_code" | "caller">;
   private readonly latency: Histogram<"grpc_service" | "grpc_method" | "grpc_type" | "grpc_code">;
   private readonly msgReceived: Counter<"grpc_service" | "grpc_method" | "grpc_type">;
   private readonly msgSent: Counter<"grpc_service" | "grpc_method" | "grpc_type">;
@@ -35,8 +35,8 @@ export class RpcMetrics {
     });
     this.handled = new Counter({
       name: "grpc_server_handled_total",
-      help: "RPCs completed on the server, by status code.",
-      labelNames: ["grpc_service", "grpc_method", "grpc_type", "grpc_code"],
+      help: "RPCs completed on the server, by status code and caller (an auth key's or certificate rule's name, anonymous, or other).",
+      labelNames: ["grpc_service", "grpc_method", "grpc_type", "grpc_code", "caller"],
       registers: [registry],
     });
     this.msgReceived = new Counter({
@@ -69,7 +69,8 @@ export class RpcMetrics {
     let bound = this.bound.get(key);
     if (!bound) {
       const labels = { grpc_service: service, grpc_method: method, grpc_type: type };
-      const byCode = new Map<string, { handled: Counter.Internal; latency: Histogram.Internal<string> }>();
+      // The latency histogram is by code only: callers would multiply its buckets.
+      const byCode = new Map<string, { handled: Map<string, Counter.Internal>; latency: Histogram.Internal<string> }>();
       const started = this.started.labels(labels);
       const received = this.msgReceived.labels(labels);
       const sent = this.msgSent.labels(labels);
@@ -77,14 +78,18 @@ export class RpcMetrics {
         started: () => started.inc(),
         received: () => received.inc(),
         sent: (count = 1) => sent.inc(count),
-        handled: (code, seconds) => {
+        handled: (code, seconds, caller = "anonymous") => {
           let series = byCode.get(code);
           if (!series) {
-            const withCode = { ...labels, grpc_code: code };
-            series = { handled: this.handled.labels(withCode), latency: this.latency.labels(withCode) };
+            series = { handled: new Map(), latency: this.latency.labels({ ...labels, grpc_code: code }) };
             byCode.set(code, series);
           }
-          series.handled.inc();
+          let handled = series.handled.get(caller);
+          if (!handled) {
+            handled = this.handled.labels({ ...labels, grpc_code: code, caller });
+            series.handled.set(caller, handled);
+          }
+          handled.inc();
           series.latency.observe(seconds);
         },
       };
@@ -102,5 +107,6 @@ export interface MethodMetrics {
   received(): void;
   /** Counts `count` (default 1) messages sent. */
   sent(count?: number): void;
-  handled(code: string, seconds: number): void;
+  /** Counts a completed call by code and caller label ("anonymous" by default), and its latency by code. */
+  handled(code: string, seconds: number, caller?: string): void;
 }

@@ -29,6 +29,8 @@ export interface RpcRecord {
    * connection and per peer, paced writes).
    */
   readonly transport?: ServerHttp2Stream | Socket;
+  /** The authenticated caller's name (never a key), set by the auth interceptor; absent for anonymous calls. */
+  caller?: string;
   /** The call's server span, while tracing is on: its RPC log line names it. */
   traceId?: string;
   spanId?: string;
@@ -143,6 +145,11 @@ export class RpcObserver {
   constructor(
     private readonly logger: Logger,
     private readonly metrics: RpcMetrics,
+    /**
+     * The `caller` label of a call's handled series, from the name its
+     * record holds: a bounded set of values (see AccessControl.callerLabel).
+     */
+    private readonly callerLabel: (name: string | undefined) => string = (name) => (name === undefined ? "anonymous" : "other"),
   ) {}
 
   register(methods: Iterable<DescMethod>): void {
@@ -173,7 +180,7 @@ export class RpcObserver {
     const { record } = call;
     const seconds = (performance.now() - call.started) / 1000;
     const name = codeName(code);
-    call.series.handled(name, seconds);
+    call.series.handled(name, seconds, this.callerLabel(record.caller));
     this.logger.info(
       {
         service: record.service,
@@ -183,6 +190,7 @@ export class RpcObserver {
         requestId: record.requestId,
         protocol: call.protocol,
         peer: call.peer,
+        caller: record.caller,
         // The message of a failed call, when the host learned it.
         error: code === 0 ? undefined : record.error,
         trace_id: record.traceId,

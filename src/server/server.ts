@@ -1,5 +1,6 @@
 import type { Server as HttpServer } from "node:http";
 import type { Logger } from "pino";
+import { AccessControl } from "./access/index.js";
 import { createAdminServer } from "./admin-http.js";
 import { AdminService, adminService } from "./admin-service.js";
 import type { MmgateConfig } from "./config/index.js";
@@ -41,6 +42,7 @@ export class Server {
   private readonly dispatch: Dispatch;
   private readonly listener: Listener;
   private readonly drainMetrics: DrainMetrics;
+  private readonly access: AccessControl;
   private readonly tls: boolean;
   private admin: HttpServer | undefined = undefined;
   private boundAddress = "";
@@ -49,7 +51,7 @@ export class Server {
   private shutdownStarted: Promise<void> | undefined = undefined;
   private resolveClosed!: () => void;
 
-  /** Builds the parts; binds nothing. A module plan or TLS file that does not work is a config error here. */
+  /** Builds the parts; binds nothing. A module plan, TLS file or keys file that does not work is a config error here. */
   constructor(options: HostOptions) {
     const { config, logger } = options;
     // A cycle or an unknown requirement is a config error before anything binds.
@@ -60,10 +62,12 @@ export class Server {
     this.startedAt = Date.now();
     this.health = new HealthRegistry();
     this.metrics = new RpcMetrics();
-    const observer = new RpcObserver(logger, this.metrics);
+    // The keys file is read here: a bad one stops the start before anything binds.
+    this.access = new AccessControl({ auth: config.auth, logger, registry: this.metrics.registry });
+    const observer = new RpcObserver(logger, this.metrics, (name) => this.access.callerLabel(name));
     this.signals = new ShutdownSignals();
     this.tls = config.tls.certFile !== "";
-    this.dispatch = new Dispatch({ config, tls: this.tls, logger, metrics: this.metrics, observer, signals: this.signals });
+    this.dispatch = new Dispatch({ config, tls: this.tls, logger, metrics: this.metrics, observer, signals: this.signals, access: this.access });
     this.listener = new Listener({
       config,
       tls: this.tls,
@@ -184,6 +188,8 @@ export class Server {
       },
       this.listener,
     );
+    // Watched from here, its scopes checked against what is served.
+    this.access.start(services.map((s) => s.service));
   }
 
   /** The admin listener (metrics, /healthz, /readyz), when `adminListen` is set. */
@@ -218,13 +224,19 @@ export class Server {
     if (dispatch.hosts.allowsAny && config.server.allowedHosts.length === 0) {
       logger.info({ listen: config.listen }, "the listener is not on loopback: requests naming any host are served (list the names clients use in server.allowedHosts to check them)");
     }
-    if (config.auth.token === "") {
-      logger.warn("no auth token configured: mutating and admin methods are open to every client (AdminService.Drain is refused until one is)");
+    if (!this.access.enabled) {
+      logger.warn("no auth configured (auth.token, auth.keysFile, auth.certificates): mutating and admin methods are open to every client (AdminService.Drain is refused until one is)");
+    } else if (this.access.current.keyCount === 0 && !this.access.current.hasCertificates) {
+      logger.warn({ keysFile: this.access.keysFile }, "auth is on but no key is configured yet: mutating and admin methods are refused to every client until the keys file holds one");
+    }
+    if (config.auth.certificates.length > 0 && !this.tls) {
+      logger.warn("auth.certificates is set but the listener does not serve TLS: no client certificate can match it");
     }
   }
 
   /** Undoes a start-up that failed part way. */
   private async abandonStart(): Promise<void> {
+    this.access.close();
     this.signals.beginDraining();
     await this.modules.stopTasks(ABANDONED_TASK_STOP_MS);
     await this.modules.close();
@@ -275,6 +287,7 @@ export class Server {
 
   /** After the drain: tasks stopped, modules closed (reverse order), the admin listener closed, the last spans sent. */
   private async stop(): Promise<void> {
+    this.access.close();
     await this.listener.closeHttp1();
     await this.modules.stopTasks(TASK_STOP_MS);
     await this.modules.close();

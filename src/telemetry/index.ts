@@ -21,6 +21,7 @@ export {
   openHttpClientSpan,
   openSpan,
   redactedUrl,
+  setCurrentSpanAttribute,
   spanningStream,
   TRACE_CONTEXT_HEADERS,
   traceHeaders,

@@ -280,6 +280,15 @@ export function traceHttpRoute<Req extends NodeRequest, Res extends NodeResponse
 }
 
 /**
+ * Sets an attribute on the current span (inside a server interceptor or a
+ * handler: the call's server span); nothing while tracing is off.
+ */
+export function setCurrentSpanAttribute(key: string, value: AttributeValue): void {
+  if (!state.enabled) return;
+  trace.getSpan(context.active())?.setAttribute(key, value);
+}
+
+/**
  * pino's mixin while tracing is on: the current span's ids on every log
  * line written inside it.
  */

@@ -7,3 +7,4 @@ export { DEFAULT_SLICE_BUDGET, WorkSlicer, type SliceBudget, type SlicerStats } 
 export { boundedLines, LineTooLongError } from "./lines.js";
 export { backoffDelay, backoffOptions, DEFAULT_BACKOFF, interruptibleWait, type BackoffOptions, type Wait, type WaitEnd } from "./backoff.js";
 export { childPath, DEFAULT_JSON_LIMITS, isJsonObject, JsonError, newJsonObject, parseJson, stringifyJson, type JsonErrorCode, type JsonLimits, type JsonObject, type JsonValue } from "./json.js";
+export { expiresAt, filesStamp, loadTlsFiles, TlsFileError, tlsMetrics, type TlsFields, type TlsFileErrorCode, type TlsFiles, type TlsMaterial, type TlsMetrics, type TlsRole } from "./tls-credentials.js";

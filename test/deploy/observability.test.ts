@@ -837,6 +837,33 @@ const SCENARIOS: readonly Scenario[] = [
     alerts: { MmgateDrainStuck: [] },
   },
   {
+    name: "a server certificate three days from its end",
+    series: [
+      [`mmgate_tls_certificate_expiry_timestamp_seconds{${T}, role="server", file="/tls/tls.crt"}`, `${3 * 86_400}x30`],
+      [`mmgate_tls_certificate_expiry_timestamp_seconds{${T}, role="client", file="/tls/client.crt"}`, `${60 * 86_400}x30`],
+    ],
+    at: "20m",
+    alerts: { MmgateTlsCertificateExpiringSoon: [{ role: "server", file: "/tls/tls.crt" }] },
+  },
+  {
+    name: "a reload that failed and nothing since",
+    series: [
+      [`mmgate_tls_reload_total{${T}, role="server", result="error"}`, "0x5 1x30"],
+      [`mmgate_tls_reload_total{${T}, role="server", result="success"}`, "0x35"],
+    ],
+    at: "15m",
+    alerts: { MmgateTlsReloadFailing: [{ role: "server" }] },
+  },
+  {
+    name: "half a rotation refused, then the whole one taken",
+    series: [
+      [`mmgate_tls_reload_total{${T}, role="server", result="error"}`, "0x5 1x30"],
+      [`mmgate_tls_reload_total{${T}, role="server", result="success"}`, "0x5 1x30"],
+    ],
+    at: "15m",
+    alerts: { MmgateTlsReloadFailing: [] },
+  },
+  {
     name: "a server that is not draining",
     series: [
       [`mmgate_draining{${T}}`, "0x35"],

@@ -210,6 +210,8 @@ describe("rpc: channelConfigSchema", () => {
       tls: false,
       caFile: "",
       serverName: "",
+      certFile: "",
+      keyFile: "",
       keepaliveIntervalMs: 30_000,
       keepaliveTimeoutMs: 20_000,
       idleConnectionTimeoutMs: 900_000,

@@ -122,7 +122,7 @@ describe("the mmgate executable", function () {
       expect(config.adminListen).to.equal("");
       expect(config.limits).to.include({ maxConcurrentStreams: 50, maxReceiveMessageBytes: 65536 });
       expect(config.shutdown).to.deep.equal({ graceMs: 2500, delayMs: 0 });
-      expect(config.auth).to.deep.equal({ token: "<redacted>" });
+      expect(config.auth).to.deep.equal({ token: "<redacted>", keysFile: "", certificates: [] });
       expect(res.stdout).to.not.include("a-token-of-sufficient-length").and.not.include("sk-test");
       expect(res.stderr).to.include("mmgate serve: warning: MMGATE_OPENAI_API_KEY is not a config key");
     });
@@ -271,7 +271,7 @@ describe("the mmgate executable", function () {
       expect(config.adminListen).to.equal("");
       expect(config.limits).to.include({ maxConcurrentStreams: 50, maxReceiveMessageBytes: 65536 });
       expect(config.shutdown).to.deep.equal({ graceMs: 2500, delayMs: 0 });
-      expect(config.auth).to.deep.equal({ token: "<redacted>" });
+      expect(config.auth).to.deep.equal({ token: "<redacted>", keysFile: "", certificates: [] });
       expect(JSON.stringify(config)).to.not.include("a-token-of-sufficient-length");
     });
 
@@ -308,7 +308,7 @@ describe("the mmgate executable", function () {
     it("refuses an unreadable TLS file when serving starts, naming the field", async () => {
       const tls = { certFile: "/no/cert.pem", keyFile: "/no/key.pem" };
       const config = load({ overrides: { "tls.certFile": tls.certFile, "tls.keyFile": tls.keyFile } });
-      expect(config.tls).to.deep.equal(tls);
+      expect(config.tls).to.deep.equal({ ...tls, clientCaFile: "", clientAuth: "none", reloadIntervalMs: 60_000 });
       await expectRejection(startServer({ config: { tls } }), { type: ConfigError, message: /tls\.certFile: cannot read \/no\/cert\.pem/ });
     });
   });

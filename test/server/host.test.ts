@@ -222,13 +222,13 @@ describe("server host", () => {
       expect(mine!.durationMs).to.be.a("number");
       expect(entries.some((e) => e.code === "NOT_FOUND" && e.method === "Check")).to.equal(true);
       const metrics = await (await fetch(`http://${server.adminAddr}/metrics`)).text();
-      expect(metrics).to.match(/grpc_server_handled_total\{grpc_service="grpc.health.v1.Health",grpc_method="Check",grpc_type="unary",grpc_code="OK"\} [1-9]/);
-      expect(metrics).to.match(/grpc_server_handled_total\{grpc_service="grpc.health.v1.Health",grpc_method="Check",grpc_type="unary",grpc_code="NOT_FOUND"\} 1/);
+      expect(metrics).to.match(/grpc_server_handled_total\{grpc_service="grpc.health.v1.Health",grpc_method="Check",grpc_type="unary",grpc_code="OK",caller="anonymous"\} [1-9]/);
+      expect(metrics).to.match(/grpc_server_handled_total\{grpc_service="grpc.health.v1.Health",grpc_method="Check",grpc_type="unary",grpc_code="NOT_FOUND",caller="anonymous"\} 1/);
       expect(metrics).to.match(/grpc_server_handling_seconds_bucket\{.*grpc_method="Check".*\}/);
       expect(metrics).to.include("process_cpu_user_seconds_total");
       // Unknown paths share one label set, so clients cannot grow the series.
       expect(metrics).to.not.include("evil.Path");
-      expect(metrics).to.match(/grpc_server_handled_total\{grpc_service="unknown",grpc_method="unknown",grpc_type="unknown",grpc_code="UNIMPLEMENTED"\} 1/);
+      expect(metrics).to.match(/grpc_server_handled_total\{grpc_service="unknown",grpc_method="unknown",grpc_type="unknown",grpc_code="UNIMPLEMENTED",caller="anonymous"\} 1/);
     });
 
     it("records the status that went on the wire, for every protocol", async () => {
@@ -257,7 +257,7 @@ describe("server host", () => {
         await createClient(Health, small.connectTransport).check({});
         const metrics = await (await fetch(`http://${small.adminAddr}/metrics`)).text();
         const count = (service: string, method: string, code: string) =>
-          Number(new RegExp(`grpc_server_handled_total\\{grpc_service="${service}",grpc_method="${method}",grpc_type="[a-z_]+",grpc_code="${code}"\\} (\\d+)`).exec(metrics)?.[1] ?? 0);
+          Number(new RegExp(`grpc_server_handled_total\\{grpc_service="${service}",grpc_method="${method}",grpc_type="[a-z_]+",grpc_code="${code}",caller="anonymous"\\} (\\d+)`).exec(metrics)?.[1] ?? 0);
         expect(count("mmgate.admin.v1.AdminService", "GetConfig", "RESOURCE_EXHAUSTED")).to.equal(1);
         expect(count("mmgate.admin.v1.AdminService", "GetConfig", "OK")).to.equal(0);
         expect(count("grpc.health.v1.Health", "Check", "RESOURCE_EXHAUSTED")).to.equal(2);

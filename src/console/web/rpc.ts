@@ -58,7 +58,12 @@ export function describeError(err: unknown): { code: Code; text: string } {
   const e = ConnectError.from(err);
   let text = `${codeName(e.code)}: ${e.rawMessage}`;
   if (e.code === Code.Unauthenticated) {
-    text += key.get() === "" ? " — enter the server's key (auth.token) above" : " — the key entered above is not the server's auth.token";
+    text +=
+      key.get() === ""
+        ? " — enter a key of the server's above (its auth.token, or a key of its auth.keysFile)"
+        : " — the key entered above is not one the server knows (its auth.token, or a key of its auth.keysFile), or it expired";
+  } else if (e.code === Code.PermissionDenied && key.get() !== "") {
+    text += " — the key entered above lacks the scope this needs (mmgate keys list shows each key's scopes)";
   }
   return { code: e.code, text };
 }

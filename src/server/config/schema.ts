@@ -2,6 +2,7 @@
 import { z } from "zod";
 import { MAX_TIMER_MS } from "../../util/index.js";
 import { isAllowedHostEntry } from "../request-host.js";
+import { certificateRulesSchema } from "../access/schema.js";
 
 const MiB = 1024 * 1024;
 
@@ -33,9 +34,36 @@ export const hostConfigSchema = z.strictObject({
     .strictObject({
       certFile: z.string().default(""),
       keyFile: z.string().default(""),
+      /** PEM file of the CA(s) that sign client certificates (mutual TLS); needs clientAuth request or require. */
+      clientCaFile: z.string().default(""),
+      /**
+       * Client certificates: "none" (default) asks for none; "request" asks,
+       * lets a client without one in (anonymous) and refuses a connection
+       * whose certificate does not verify against clientCaFile; "require"
+       * refuses any connection without a verified certificate.
+       */
+      clientAuth: z.enum(["none", "request", "require"]).default("none"),
+      /**
+       * How often the files are checked for a change a file-system
+       * notification missed (they are watched too); a changed certificate,
+       * key or client CA is used for new connections without a restart.
+       * 0: notifications only.
+       */
+      reloadIntervalMs: timerMs.default(60_000),
     })
     .prefault({})
-    .refine((t) => (t.certFile === "") === (t.keyFile === ""), "tls.certFile and tls.keyFile go together"),
+    .refine((t) => (t.certFile === "") === (t.keyFile === ""), "tls.certFile and tls.keyFile go together")
+    .superRefine((t, ctx) => {
+      if (t.clientAuth !== "none" && t.clientCaFile === "") {
+        ctx.addIssue({ code: "custom", path: ["clientCaFile"], message: `clientAuth ${t.clientAuth} needs tls.clientCaFile, the CA that signs client certificates` });
+      }
+      if (t.clientAuth === "none" && t.clientCaFile !== "") {
+        ctx.addIssue({ code: "custom", path: ["clientAuth"], message: "tls.clientCaFile is set but clientAuth is none: set clientAuth to request or require (or leave clientCaFile out)" });
+      }
+      if (t.clientAuth !== "none" && t.certFile === "") {
+        ctx.addIssue({ code: "custom", path: ["clientAuth"], message: `clientAuth ${t.clientAuth} needs TLS: set tls.certFile and tls.keyFile` });
+      }
+    }),
   limits: z
     .strictObject({
       /** Largest request message accepted, after decompression. */
@@ -146,6 +174,14 @@ export const hostConfigSchema = z.strictObject({
         .refine((t) => t === "" || t.length >= 16, "a token needs at least 16 characters")
         .refine((t) => !/\s/.test(t), "a token cannot contain white space")
         .default(""),
+      /**
+       * A YAML (or .json) file of named keys with scopes, stored as digests
+       * (`mmgate keys add` writes it); watched, and reloaded on change. With
+       * auth.token set too, both apply (the token as the key "token").
+       */
+      keysFile: z.string().default(""),
+      /** Callers known by a verified client certificate (mutual TLS): a name, the subject and/or SAN to match, scopes. */
+      certificates: certificateRulesSchema.default([]),
     })
     .prefault({}),
   log: z
