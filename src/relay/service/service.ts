@@ -98,6 +98,16 @@ class KeyedAdmission<K> {
   }
 }
 
+/** The fields both load RPCs' updates open with. */
+interface LoadUpdateHead {
+  readonly protocolVersion: number;
+  readonly relay: RelayIdentity;
+  readonly windowSequence: bigint;
+  readonly observedMs: bigint;
+  readonly windowMs: bigint;
+  readonly contractMarker: number;
+}
+
 /** How a wait for the transport to take the last frame ended. */
 type Handover = "taken" | "stop" | "ended" | "timeout";
 
@@ -348,6 +358,30 @@ export function relayService(options: RelayServiceOptions): Partial<ServiceImpl<
    * made) ends PUBLICATION_UNAVAILABLE, so the client reconnects; the client's
    * own cancel ends it quietly.
    */
+  /**
+   * A load RPC's stream: SubscribeKvPoolLoad and SubscribeServingLoad are one
+   * stream kind (one limit, one gauge, one lag counter) over the same
+   * windows, each window made into the RPC's own message from the fields
+   * they share (`head`).
+   */
+  async function* loadStream<T>(
+    req: { readonly contractMarker: number; readonly subscriberId: string },
+    ctx: HandlerContext,
+    message: (head: LoadUpdateHead, window: LoadWindow) => T,
+  ): AsyncGenerator<T> {
+    checkContractMarker(req.contractMarker);
+    checkSubscriberId(req.subscriberId);
+    const release = admit("load");
+    try {
+      for await (const window of loadWindows(ctx)) {
+        const { windowSequence, observedMs, windowMs } = window;
+        yield message({ protocolVersion: RELAY_PROTOCOL_VERSION, relay: relayIdentityMessage, windowSequence, observedMs, windowMs, contractMarker: RELAY_CONTRACT_MARKER }, window);
+      }
+    } finally {
+      release();
+    }
+  }
+
   async function* loadWindows(ctx: HandlerContext): AsyncGenerator<LoadWindow> {
     const link = stopSignal(ctx);
     try {
@@ -727,65 +761,40 @@ export function relayService(options: RelayServiceOptions): Partial<ServiceImpl<
       }
     },
 
-    async *subscribeKvPoolLoad(req, ctx) {
-      checkContractMarker(req.contractMarker);
-      checkSubscriberId(req.subscriberId);
-      const release = admit("load");
-      try {
-        for await (const window of loadWindows(ctx)) {
-          yield create(KvPoolLoadUpdateSchema, {
-            protocolVersion: RELAY_PROTOCOL_VERSION,
-            relay: relayIdentityMessage,
-            windowSequence: window.windowSequence,
-            observedMs: window.observedMs,
-            windowMs: window.windowMs,
-            pools: window.pools.map((entry) => ({
-              producer: producerToWire(entry.descriptor.producer),
-              kvUsedBlocks: entry.kvUsedBlocks,
-              totalKvBlocks: entry.totalKvBlocks,
-              kvObservedRanks: entry.kvObservedRanks,
-              kvExpectedRanks: entry.kvExpectedRanks,
-            })),
-            contractMarker: RELAY_CONTRACT_MARKER,
-          });
-        }
-      } finally {
-        release();
-      }
+    subscribeKvPoolLoad(req, ctx) {
+      return loadStream(req, ctx, (head, window) =>
+        create(KvPoolLoadUpdateSchema, {
+          ...head,
+          pools: window.pools.map((entry) => ({
+            producer: producerToWire(entry.descriptor.producer),
+            kvUsedBlocks: entry.kvUsedBlocks,
+            totalKvBlocks: entry.totalKvBlocks,
+            kvObservedRanks: entry.kvObservedRanks,
+            kvExpectedRanks: entry.kvExpectedRanks,
+          })),
+        }),
+      );
     },
 
-    async *subscribeServingLoad(req, ctx) {
-      checkContractMarker(req.contractMarker);
-      checkSubscriberId(req.subscriberId);
-      // The same stream kind as SubscribeKvPoolLoad: one limit, one gauge, one lag counter.
-      const release = admit("load");
-      try {
-        for await (const window of loadWindows(ctx)) {
-          yield create(ServingLoadUpdateSchema, {
-            protocolVersion: RELAY_PROTOCOL_VERSION,
-            relay: relayIdentityMessage,
-            windowSequence: window.windowSequence,
-            observedMs: window.observedMs,
-            windowMs: window.windowMs,
-            pools: window.pools.map((entry) => ({
-              producer: producerToWire(entry.descriptor.producer),
-              load: unavailableLoad,
-              // Unset when unknown; max_concurrency is never known here.
-              deployment: entry.liveWorkers === undefined ? {} : { liveWorkers: entry.liveWorkers },
-            })),
-            models: window.models.map((model) => ({
-              namespace: model.namespace,
-              canonicalModelId: model.canonicalModelId,
-              load: unavailableLoad,
-              // Frontends are not something the relay sees: 0 (unknown).
-              deployment: { servingPools: model.servingPools },
-            })),
-            contractMarker: RELAY_CONTRACT_MARKER,
-          });
-        }
-      } finally {
-        release();
-      }
+    subscribeServingLoad(req, ctx) {
+      return loadStream(req, ctx, (head, window) =>
+        create(ServingLoadUpdateSchema, {
+          ...head,
+          pools: window.pools.map((entry) => ({
+            producer: producerToWire(entry.descriptor.producer),
+            load: unavailableLoad,
+            // Unset when unknown; max_concurrency is never known here.
+            deployment: entry.liveWorkers === undefined ? {} : { liveWorkers: entry.liveWorkers },
+          })),
+          models: window.models.map((model) => ({
+            namespace: model.namespace,
+            canonicalModelId: model.canonicalModelId,
+            load: unavailableLoad,
+            // Frontends are not something the relay sees: 0 (unknown).
+            deployment: { servingPools: model.servingPools },
+          })),
+        }),
+      );
     },
   };
 }
