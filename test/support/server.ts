@@ -15,6 +15,13 @@ import { pino } from "pino";
 import type { Host, ServiceModule } from "../../src/server/index.js";
 import { resolveConfig, startHost } from "../../src/server/index.js";
 
+/**
+ * How long a spawned server gets to log "mmgate serving": a guard against a
+ * hang, not a measure. Loaded hard (both suites' workers spawning
+ * processes on two cores), three servers starting at once took over 20 s.
+ */
+const SERVER_START_TIMEOUT_MS = 45_000;
+
 export const repoRoot = fileURLToPath(new URL("../../", import.meta.url));
 export const protoRoot = `${repoRoot}proto`;
 
@@ -215,7 +222,7 @@ export async function startChildServer(args: string[] = [], env: Record<string, 
       }
     });
     void exited.then((code) => reject(new Error(`server exited (${code}) before serving:\n${stderr.join("\n")}`)));
-    setTimeout(() => reject(new Error(`server did not start within 20 s:\n${stderr.join("\n")}`)), 20_000).unref();
+    setTimeout(() => reject(new Error(`server did not start within ${SERVER_START_TIMEOUT_MS / 1000} s:\n${stderr.join("\n")}`)), SERVER_START_TIMEOUT_MS).unref();
   });
   let where: { address: string; adminAddress: string };
   try {

@@ -5,7 +5,7 @@
  * little is waiting the proxy stops reading from the server, so TCP and then
  * HTTP/2 flow control hold the server back at the link's rate.
  */
-import * as net from "node:net";
+import { listenTcpProxy } from "./tcp-proxy.js";
 
 export interface ThrottledProxyOptions {
   /** Where connections go: `HOST:PORT`. */
@@ -29,80 +29,57 @@ const MIN_HOLD_BYTES = 64 * 1024;
 
 export async function startThrottledProxy(options: ThrottledProxyOptions): Promise<ThrottledProxy> {
   const { bytesPerSecond, tickMs = 10 } = options;
-  const [host, port] = splitTarget(options.target);
   const perTick = (bytesPerSecond * tickMs) / 1000;
   const holdBytes = Math.max(MIN_HOLD_BYTES, bytesPerSecond / 20);
-  const sockets = new Set<net.Socket>();
   let delivered = 0;
 
-  const server = net.createServer((client) => {
-    const upstream = net.connect(port, host);
-    sockets.add(client);
-    sockets.add(upstream);
-    const held: Buffer[] = [];
-    let heldBytes = 0;
-    let ending: ReturnType<typeof setInterval> | undefined;
-    // Refilled by the time that passed, so that a late timer (a busy event loop) does not lower the rate,
-    // up to a second's worth: the link's average holds through a stall of this process (the link's model,
-    // not the link), its bursts stay short otherwise.
-    let tokens = 0;
-    let refilled = performance.now();
-    const cap = Math.max(perTick * 4, bytesPerSecond);
-    const tick = setInterval(() => {
-      const now = performance.now();
-      tokens = Math.min(cap, tokens + ((now - refilled) * bytesPerSecond) / 1000);
-      refilled = now;
-      while (tokens >= 1 && held.length > 0) {
-        const first = held[0]!;
-        const take = Math.min(first.byteLength, Math.floor(tokens));
-        const piece = take === first.byteLength ? held.shift()! : first.subarray(0, take);
-        if (take < first.byteLength) held[0] = first.subarray(take);
-        tokens -= take;
-        heldBytes -= take;
-        delivered += take;
-        client.write(piece);
-      }
-      if (heldBytes < holdBytes / 4 && upstream.isPaused()) upstream.resume();
-    }, tickMs);
-    upstream.on("data", (chunk: Buffer) => {
-      held.push(chunk);
-      heldBytes += chunk.byteLength;
-      if (heldBytes >= holdBytes) upstream.pause();
-    });
-    client.pipe(upstream);
-    const end = () => {
-      clearInterval(tick);
-      clearInterval(ending);
-      client.destroy();
-      upstream.destroy();
-      sockets.delete(client);
-      sockets.delete(upstream);
-    };
-    client.on("error", end);
-    upstream.on("error", end);
-    client.on("close", end);
-    // The server's end reaches the client once what it sent before has (the link keeps its order).
-    upstream.on("end", () => {
-      ending = setInterval(() => {
-        if (heldBytes > 0) return;
-        clearInterval(ending);
-        client.end();
+  const listener = await listenTcpProxy(
+    () => options.target,
+    ({ client, upstream }) => {
+      const held: Buffer[] = [];
+      let heldBytes = 0;
+      let ending: ReturnType<typeof setInterval> | undefined;
+      // Refilled by the time that passed, so that a late timer (a busy event loop) does not lower the rate,
+      // up to a second's worth: the link's average holds through a stall of this process (the link's model,
+      // not the link), its bursts stay short otherwise.
+      let tokens = 0;
+      let refilled = performance.now();
+      const cap = Math.max(perTick * 4, bytesPerSecond);
+      const tick = setInterval(() => {
+        const now = performance.now();
+        tokens = Math.min(cap, tokens + ((now - refilled) * bytesPerSecond) / 1000);
+        refilled = now;
+        while (tokens >= 1 && held.length > 0) {
+          const first = held[0]!;
+          const take = Math.min(first.byteLength, Math.floor(tokens));
+          const piece = take === first.byteLength ? held.shift()! : first.subarray(0, take);
+          if (take < first.byteLength) held[0] = first.subarray(take);
+          tokens -= take;
+          heldBytes -= take;
+          delivered += take;
+          client.write(piece);
+        }
+        if (heldBytes < holdBytes / 4 && upstream.isPaused()) upstream.resume();
       }, tickMs);
-    });
-  });
-  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
-  const address = server.address() as net.AddressInfo;
-  return {
-    addr: `127.0.0.1:${address.port}`,
-    delivered: () => delivered,
-    close: async () => {
-      for (const socket of sockets) socket.destroy();
-      await new Promise<void>((resolve) => server.close(() => resolve()));
+      upstream.on("data", (chunk: Buffer) => {
+        held.push(chunk);
+        heldBytes += chunk.byteLength;
+        if (heldBytes >= holdBytes) upstream.pause();
+      });
+      client.pipe(upstream);
+      client.on("close", () => {
+        clearInterval(tick);
+        clearInterval(ending);
+      });
+      // The server's end reaches the client once what it sent before has (the link keeps its order).
+      upstream.on("end", () => {
+        ending = setInterval(() => {
+          if (heldBytes > 0) return;
+          clearInterval(ending);
+          client.end();
+        }, tickMs);
+      });
     },
-  };
-}
-
-function splitTarget(target: string): [string, number] {
-  const at = target.lastIndexOf(":");
-  return [target.slice(0, at).replace(/^\[|\]$/g, ""), Number(target.slice(at + 1))];
+  );
+  return { addr: listener.addr, delivered: () => delivered, close: () => listener.close() };
 }
