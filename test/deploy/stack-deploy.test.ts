@@ -8,22 +8,50 @@
  * the same recipe, of the right role, on the port that role listens on;
  * commands and health checks parse with the executable's own subcommands;
  * the roles are those of src/stack (ROLE_KINDS), so a role added to the
- * stack fails here until both recipes have it.
+ * stack fails here until both recipes have it. Compose keeps the stack's one
+ * token; the Kubernetes recipe replaces it with named keys (a mounted
+ * Secret) and mutual TLS between the roles, held to the access module: the
+ * files the configs name are the mounted Secrets' files, every scope names
+ * something, and each call one role makes to another (the methods its code
+ * calls) is granted by a certificate rule of the callee for the caller's
+ * certificate, and by no other rule. One check runs: the token worker's
+ * config (client certificates required) in this process, with certificates
+ * made by openssl as cert-manager/ asks for them (skipped without openssl):
+ * its probes answer over plain HTTP, a client without a certificate is
+ * turned away, the hop's channel gets its calls in as "hop", another
+ * role's certificate does not.
  */
 import { expect } from "chai";
-import { existsSync, readdirSync, readFileSync, statSync } from "node:fs";
-import { basename, join, relative, resolve } from "node:path";
+import { execFileSync } from "node:child_process";
+import { copyFileSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { basename, join, posix, relative, resolve } from "node:path";
+import type { PeerCertificate } from "node:tls";
 import { fileURLToPath } from "node:url";
+import type { DescMethod, DescService } from "@bufbuild/protobuf";
+import { Code, ConnectError, createClient, type Transport } from "@connectrpc/connect";
+import { createGrpcTransport } from "@connectrpc/connect-node";
 import type { Command } from "commander";
+import { pino } from "pino";
+import { Registry } from "prom-client";
 import { parse as parseYaml, parseAllDocuments } from "yaml";
+import { KvEventRelay } from "../../gen/dynamo/kvrelay/v1/relay_pb.js";
+import { Health } from "../../gen/grpc/health/v1/health_pb.js";
+import { EncodeWorkerService } from "../../gen/mmgate/encode/v1/encode_pb.js";
+import { TokenWorkerService } from "../../gen/mmgate/llm/v1/token_worker_pb.js";
+import { MediaService } from "../../gen/mmgate/media/v1/media_pb.js";
 import { program, subcommands } from "../../src/cli/main.js";
 import { serveRoles } from "../../src/cli/serve.js";
 import { peakMemoryBytes, type MediaConfig } from "../../src/media/index.js";
 import { builtinModules } from "../../src/modules.js";
+import { Access, AccessControl, KEY_PREFIX, methodAccess, scopeCatalog, validateKeys, type KeyEntry } from "../../src/server/access/index.js";
 import { gatherRawConfig } from "../../src/server/config/index.js";
 import { loadConfig, splitHostPort, type MmgateConfig, type ServiceModule } from "../../src/server/index.js";
+import { ChannelPool, type ChannelOptions } from "../../src/rpc/index.js";
 import { MAX_WORKERS, MIN_WORKERS, ROLE_GRACE_MS, ROLE_KINDS, roleConfig, roleSubcommand, type RoleKind } from "../../src/stack/index.js";
-import type { Container, Kustomization, Pdb, Service, Workload } from "../support/k8s.js";
+import { eventually, startServer, type InProcessServer } from "../support/index.js";
+import type { Certificate, Container, Kustomization, Pdb, Secret, Service, Volume, Workload } from "../support/k8s.js";
+import { opensslAvailable } from "../support/pki.js";
 
 const repoRoot = fileURLToPath(new URL("../../", import.meta.url));
 const composeDir = join(repoRoot, "deploy", "compose");
@@ -47,13 +75,31 @@ const PEERS = {
   tokenWorkerAddress: `${peerHost("token-worker")}:1`,
 };
 
-/** The stack's config for a role, with TLS off (as both recipes run by default). */
-function stackConfig(kind: RoleKind, encoderIndex = 1): Obj {
-  return roleConfig(kind, { token: TOKEN, logLevel: "info", graceMs: ROLE_GRACE_MS }, { ...PEERS, encoderIndex });
+type StackTls = Parameters<typeof roleConfig>[1]["tls"];
+
+/** The stack's config for a role: TLS off (as Compose runs it), or on with the certificate, key and CA at `tls`'s paths. */
+function stackConfig(kind: RoleKind, encoderIndex = 1, tls?: StackTls): Obj {
+  return roleConfig(kind, { token: TOKEN, ...(tls ? { tls } : {}), logLevel: "info", graceMs: ROLE_GRACE_MS }, { ...PEERS, encoderIndex });
 }
 
 /** Values a recipe sets its own way: where it listens, and how long it drains. */
 const RECIPE_PATHS = new Set(["listen", "adminListen", "shutdown.graceMs", "shutdown.delayMs"]);
+
+/**
+ * What the Kubernetes recipe sets beyond the stack's keys, for its access
+ * control (in place of the stack's auth.token): the client certificates its
+ * listener asks for, the keys file and the certificate rules, the
+ * certificate its channels present and the name they check the Encode
+ * workers' against, the hop's channel to the token worker, and the hop
+ * keeping its callers' keys to itself. The access tests check each.
+ */
+const ACCESS_PATHS: readonly RegExp[] = [
+  /^tls\.(clientCaFile|clientAuth)$/,
+  /^auth\.(keysFile|certificates\..+)$/,
+  /(^|\.)channel\.(certFile|keyFile|serverName)$/,
+  /^encodeHop\.downstreamChannel\..+$/,
+  /^encodeHop\.passAuthorization$/,
+];
 
 /** A config's values by dotted path: objects and lists of objects are descended into (`relay.pools.0.name`), lists of scalars kept whole. */
 function leaves(value: unknown, prefix = "", out = new Map<string, unknown>()): Map<string, unknown> {
@@ -138,18 +184,29 @@ async function parseCli(label: string, argv: readonly string[]): Promise<Command
   return command;
 }
 
+interface ShapeOptions {
+  readonly encoderIndex?: number;
+  readonly exempt?: readonly string[];
+  /** Compare with the stack's config with TLS on, at these paths. */
+  readonly tls?: StackTls;
+  /** The recipe replaces auth.token with the access control of ACCESS_PATHS. */
+  readonly access?: boolean;
+}
+
 /**
  * Checks a recipe's role config against the stack's for that role: the same
- * keys (an Encode worker may add advertiseAddress), the same values but for
- * RECIPE_PATHS, `exempt` and peer addresses; returns the peer addresses, by
- * path, with the kind each must name.
+ * keys (an Encode worker may add advertiseAddress; with `access`, the
+ * ACCESS_PATHS for auth.token), the same values but for RECIPE_PATHS,
+ * `exempt` and peer addresses; returns the peer addresses, by path, with the
+ * kind each must name.
  */
-function expectStackShape(label: string, kind: RoleKind, raw: Obj, options: { encoderIndex?: number; exempt?: readonly string[] } = {}) {
-  const stack = leaves(stackConfig(kind, options.encoderIndex));
+function expectStackShape(label: string, kind: RoleKind, raw: Obj, options: ShapeOptions = {}) {
+  const stack = leaves(stackConfig(kind, options.encoderIndex, options.tls));
+  if (options.access) stack.delete("auth.token");
   const recipe = leaves(raw);
-  const extra = kind === "encoder" ? ["advertiseAddress"] : [];
+  const extra = (k: string) => (kind === "encoder" && k === "advertiseAddress") || (options.access === true && ACCESS_PATHS.some((p) => p.test(k)));
   expect(
-    [...recipe.keys()].filter((k) => !extra.includes(k)).sort(),
+    [...recipe.keys()].filter((k) => !extra(k)).sort(),
     `${label}: the keys \`mmgate stack up\` writes for ${kind} (src/stack/configs.ts)`,
   ).to.deep.equal([...stack.keys()].sort());
   const exempt = new Set([...RECIPE_PATHS, ...(options.exempt ?? [])]);
@@ -536,7 +593,7 @@ const workloads = (): Workload[] => kubeObjects().filter((o) => o.kind === "Depl
 const selects = (selector: Record<string, string>, labels: Record<string, string>) => Object.entries(selector).every(([k, v]) => labels[k] === v);
 const componentOf = (w: Workload) => w.spec.template.metadata.labels["app.kubernetes.io/component"] as RoleKind;
 
-/** A container's environment as the kubelet sets it: $(VAR) expanded, the pod name, the Secret's token. */
+/** A container's environment as the kubelet sets it: $(VAR) expanded, the pod name; no Secret (keys and certificates are mounted files). */
 function kubeEnv(label: string, container: Container, podName: string): Record<string, string> {
   const env: Record<string, string> = {};
   for (const e of container.env ?? []) {
@@ -546,10 +603,7 @@ function kubeEnv(label: string, container: Container, podName: string): Record<s
     } else if (e.valueFrom?.fieldRef?.fieldPath === "metadata.name") {
       env[e.name] = podName;
     } else if (e.valueFrom?.secretKeyRef !== undefined) {
-      const ref = e.valueFrom.secretKeyRef;
-      expect({ name: e.name, secret: ref.name, key: ref.key }, `${label}: the one Secret`).to.deep.equal({ name: "MMGATE_AUTH_TOKEN", secret: "mmgate-auth", key: "token" });
-      expect(ref.optional ?? false, `${label}: the token is required`).to.equal(false);
-      env[e.name] = TOKEN;
+      throw new Error(`${label}: env ${e.name} comes from the Secret ${e.valueFrom.secretKeyRef.name}: keys and certificates are mounted files, no token is in the environment`);
     } else {
       throw new Error(`${label}: env ${e.name} comes from somewhere this test does not know`);
     }
@@ -560,6 +614,20 @@ function kubeEnv(label: string, container: Container, podName: string): Record<s
 /** A container port by name or number. */
 function containerPort(container: Container, port: string | number): number | undefined {
   return typeof port === "number" ? port : container.ports?.find((p) => p.name === port)?.containerPort;
+}
+
+/** How a role's config compares with the stack's: TLS on at the recipe's paths (its channels trusting the CA its listener checks clients against), access control in place of the token. */
+function kubeShape(role: KubeRole): ShapeOptions {
+  const { tls } = role.loaded!.config;
+  return { exempt: ["encodeWorker.register.instanceId"], tls: { certFile: tls.certFile, keyFile: tls.keyFile, caFile: tls.clientCaFile }, access: true };
+}
+
+let kubeRolesOnce: Promise<KubeRole[]> | undefined;
+
+/** The recipe's roles, read and loaded once for every suite below. */
+function loadKubeRoles(): Promise<KubeRole[]> {
+  kubeRolesOnce ??= kubeRoles();
+  return kubeRolesOnce;
 }
 
 async function kubeRoles(): Promise<KubeRole[]> {
@@ -601,7 +669,7 @@ describe("deploy: the whole stack in Kubernetes (deploy/kubernetes/stack)", () =
   let roles: KubeRole[];
   before(async function () {
     this.timeout(60_000);
-    roles = await kubeRoles();
+    roles = await loadKubeRoles();
   });
   const mmgateRoles = () => roles.filter((r) => r.loaded !== undefined);
   const services = () => ofKind<Service>("Service");
@@ -699,15 +767,17 @@ describe("deploy: the whole stack in Kubernetes (deploy/kubernetes/stack)", () =
       for (const name of config.modules) expect(known, `${label}: module ${name}`).to.include(name);
       const fileModules = (parseYaml(readFileSync(role.configFile!, "utf8")) as Obj).modules;
       for (const name of (fileModules as string[] | undefined) ?? []) expect(known, `${label}: module ${name}`).to.include(name);
-      expect(config.auth.token, `${label}: the token is on`).to.equal(TOKEN);
+      expect(config.auth.token, `${label}: no token: named keys and certificates instead`).to.equal("");
+      expect(config.auth.keysFile, `${label}: auth.keysFile`).to.not.equal("");
+      expect(config.tls.certFile, `${label}: TLS on`).to.not.equal("");
       expect(splitHostPort(config.listen).host, `${label}: listen`).to.equal("0.0.0.0");
     }
   });
 
-  it("every role's config has the keys and values `mmgate stack up` writes for it", () => {
+  it("every role's config has the keys and values `mmgate stack up` writes for it (with TLS on), and access control for the token", () => {
     for (const role of mmgateRoles()) {
       // Each Encode worker's instance id is its pod's name.
-      expectStackShape(`${role.workload.metadata.name} (${relative(repoRoot, role.configFile!)})`, role.kind, role.loaded!.raw, { exempt: ["encodeWorker.register.instanceId"] });
+      expectStackShape(`${role.workload.metadata.name} (${relative(repoRoot, role.configFile!)})`, role.kind, role.loaded!.raw, kubeShape(role));
       if (role.kind === "encoder") expect(role.loaded!.config.sections.encodeWorker).to.have.nested.property("register.instanceId", role.podName);
     }
   });
@@ -715,7 +785,7 @@ describe("deploy: the whole stack in Kubernetes (deploy/kubernetes/stack)", () =
   it("every address a role gives for another names that role's Service and a port leading to where it listens", () => {
     for (const role of mmgateRoles()) {
       const label = role.workload.metadata.name;
-      const peers = expectStackShape(label, role.kind, role.loaded!.raw, { exempt: ["encodeWorker.register.instanceId"] });
+      const peers = expectStackShape(label, role.kind, role.loaded!.raw, kubeShape(role));
       for (const peer of peers) {
         for (const address of peer.addresses) {
           const target = resolveAddress(`${label}: ${peer.path}`, address);
@@ -759,16 +829,24 @@ describe("deploy: the whole stack in Kubernetes (deploy/kubernetes/stack)", () =
       for (const [which, [port, paths]] of Object.entries(probes)) {
         const probe = which === "readiness" ? c.readinessProbe : c.livenessProbe;
         expect(probe?.httpGet, `${label}: ${which}Probe (httpGet)`).to.not.equal(undefined);
+        // The admin listener is plain HTTP/1.1 whatever the gRPC listener's TLS and client certificates.
+        expect(probe!.httpGet!.scheme ?? "HTTP", `${label}: ${which}Probe scheme`).to.equal("HTTP");
         expect(containerPort(c, probe!.httpGet!.port), `${label}: ${which}Probe port`).to.equal(port);
         expect(paths, `${label}: ${which}Probe path`).to.include(probe!.httpGet!.path);
       }
       if (c.startupProbe?.httpGet) expect(containerPort(c, c.startupProbe.httpGet.port), `${label}: startupProbe port`).to.equal(probes.liveness[0]);
+      if (c.startupProbe?.httpGet) expect(c.startupProbe.httpGet.scheme ?? "HTTP", `${label}: startupProbe scheme`).to.equal("HTTP");
+      if (role.loaded) expect(probes.liveness[0], `${label}: the admin port is not the gRPC port`).to.not.equal(role.port);
     }
     for (const service of services()) {
       const role = selected(service);
       for (const port of service.spec.ports) {
         expect(containerPort(role.container, port.targetPort), `Service ${service.metadata.name}: ${port.name} targets a container port`).to.be.a("number");
-        if (role.loaded && port.name === "grpc") expect(port.appProtocol, `Service ${service.metadata.name}: grpc is h2c`).to.equal("kubernetes.io/h2c");
+        // TLS on the gRPC port: https (HTTP/2 by ALPN), never h2c, which would have a gateway speak cleartext to it.
+        if (role.loaded && port.name === "grpc") {
+          const want = role.loaded.config.tls.certFile === "" ? "kubernetes.io/h2c" : "https";
+          expect(port.appProtocol, `Service ${service.metadata.name}: grpc`).to.equal(want);
+        }
       }
     }
   });
@@ -805,15 +883,603 @@ describe("deploy: the whole stack in Kubernetes (deploy/kubernetes/stack)", () =
       expect(sc?.allowPrivilegeEscalation, `${label}: allowPrivilegeEscalation`).to.equal(false);
       expect(sc?.readOnlyRootFilesystem, `${label}: readOnlyRootFilesystem`).to.equal(true);
       expect(sc?.capabilities?.drop, `${label}: capabilities`).to.include("ALL");
-      // Every path it writes is a volume.
+      // Every path it writes is a volume; ConfigMaps and Secrets are mounted read-only.
       for (const mount of role.container.volumeMounts ?? []) {
         const volume = spec.volumes?.find((v) => v.name === mount.name);
-        expect(volume?.emptyDir !== undefined || (volume?.configMap !== undefined && mount.readOnly === true), `${label}: ${mount.mountPath}`).to.equal(true);
+        const readOnly = (volume?.configMap !== undefined || volume?.secret !== undefined) && mount.readOnly === true;
+        expect(volume?.emptyDir !== undefined || readOnly, `${label}: ${mount.mountPath}`).to.equal(true);
+        if (volume?.secret === undefined) continue;
+        // A Secret's files belong to root: the process reads them through their mode, for others or (with fsGroup) for its group.
+        const mode = volume.secret.defaultMode ?? 0o644;
+        const readable = (mode & 0o004) !== 0 || ((mode & 0o040) !== 0 && spec.securityContext?.fsGroup !== undefined);
+        expect(readable, `${label}: ${mount.mountPath}: defaultMode ${mode.toString(8)} lets uid ${spec.securityContext?.runAsUser} read the files`).to.equal(true);
+        expect(mode & 0o222, `${label}: ${mount.mountPath}: defaultMode ${mode.toString(8)} writes nothing`).to.equal(0);
       }
       if (role.loaded) {
         const tmp = role.container.volumeMounts?.find((m) => m.mountPath === "/tmp");
         expect(spec.volumes?.find((v) => v.name === tmp?.name)?.emptyDir, `${label}: an emptyDir at /tmp`).to.not.equal(undefined);
       }
     }
+  });
+});
+
+// ------------------------------------------- Kubernetes: access control
+
+const certManagerDir = join(kubeDir, "cert-manager");
+const keysSecretFile = join(kubeDir, "examples", "keys-secret.yaml");
+
+/** The documents of a YAML file, comment-only ones left out. */
+function yamlDocuments(file: string): Obj[] {
+  return parseAllDocuments(readFileSync(file, "utf8"))
+    .filter((doc) => doc.contents !== null)
+    .map((doc) => doc.toJS() as Obj);
+}
+
+/** Every .yaml file under a folder, recursively. */
+function yamlFilesUnder(dir: string): string[] {
+  return readdirSync(dir).flatMap((name) => {
+    const path = join(dir, name);
+    if (statSync(path).isDirectory()) return yamlFilesUnder(path);
+    return /\.ya?ml$/.test(name) ? [path] : [];
+  });
+}
+
+/** The cert-manager objects cert-manager/'s kustomization makes. */
+function certManagerObjects(): Obj[] {
+  const k = parseYaml(readFileSync(join(certManagerDir, "kustomization.yaml"), "utf8")) as Kustomization;
+  return k.resources.flatMap((file) => yamlDocuments(join(certManagerDir, file))).filter((o) => String(o.apiVersion).startsWith("cert-manager.io/"));
+}
+
+const certificates = (): Certificate[] => certManagerObjects().filter((o) => o.kind === "Certificate") as unknown as Certificate[];
+
+/** The example of the keys Secret (examples/keys-secret.yaml). */
+function keysSecretExample(): Secret {
+  const secrets = yamlDocuments(keysSecretFile).filter((o) => o.kind === "Secret");
+  expect(secrets, `${relative(repoRoot, keysSecretFile)}: one Secret`).to.have.length(1);
+  return secrets[0] as unknown as Secret;
+}
+
+/** A Secret's files as the kubelet writes them: data decoded, stringData as it is. */
+function secretFiles(secret: Secret): Record<string, string> {
+  const data = Object.fromEntries(Object.entries(secret.data ?? {}).map(([k, v]) => [k, Buffer.from(v, "base64").toString("utf8")]));
+  return { ...data, ...secret.stringData };
+}
+
+/** The example keys file's keys, validated as the server reads a keys file. */
+function exampleKeys(): KeyEntry[] {
+  const secret = keysSecretExample();
+  const files = Object.entries(secretFiles(secret));
+  expect(files, `Secret ${secret.metadata.name}: one file, the keys file`).to.have.length(1);
+  return validateKeys(parseYaml(files[0]![1]), `${relative(repoRoot, keysSecretFile)}: ${files[0]![0]}`);
+}
+
+/** The files a Secret holds: the keys Secret as its example writes it, a TLS Secret as cert-manager writes it for a Certificate; undefined for any other. */
+function secretKeys(name: string): string[] | undefined {
+  const example = keysSecretExample();
+  if (example.metadata.name === name) return Object.keys(secretFiles(example));
+  // The certificate with its chain, its key, and (from a CA Issuer) the CA's certificate.
+  if (certificates().some((c) => c.spec.secretName === name)) return ["tls.crt", "tls.key", "ca.crt"];
+  return undefined;
+}
+
+/** Every file a loaded config names (a non-empty `…File` setting of the host or an enabled module), by dotted path. */
+function fileSettings(config: MmgateConfig): Map<string, string> {
+  const { sections, ...host } = config;
+  const enabled = Object.fromEntries(Object.entries(sections).filter(([name]) => config.modules.includes(name)));
+  const out = new Map<string, string>();
+  for (const [path, value] of leaves({ ...host, ...enabled })) if (/File$/.test(path) && typeof value === "string" && value !== "") out.set(path, value);
+  return out;
+}
+
+/** The mount whose directory holds `file` directly, and its volume. */
+function mountOf(role: KubeRole, file: string): { mount?: NonNullable<Container["volumeMounts"]>[number]; volume?: Volume } {
+  const mount = role.container.volumeMounts?.find((m) => posix.dirname(file) === m.mountPath);
+  const volume = role.workload.spec.template.spec.volumes?.find((v) => v.name === mount?.name);
+  return { mount, volume };
+}
+
+/** The Certificate whose Secret a role serves TLS from (the one tls.certFile is in). */
+function certificateOf(role: KubeRole): Certificate {
+  const secretName = mountOf(role, role.loaded!.config.tls.certFile).volume?.secret?.secretName;
+  const found = certificates().find((c) => c.spec.secretName === secretName);
+  expect(found, `${role.workload.metadata.name}: a Certificate in cert-manager/ writes the Secret ${secretName} its tls.certFile is in`).to.not.equal(undefined);
+  return found!;
+}
+
+/** A verified peer certificate as Node hands it to the server (subject, subjectaltname), with what a Certificate asks for. */
+function peerCertificate(cert: Certificate): PeerCertificate {
+  const names = [
+    ...(cert.spec.dnsNames ?? []).map((n) => `DNS:${n}`),
+    ...(cert.spec.uris ?? []).map((u) => `URI:${u}`),
+    ...(cert.spec.ipAddresses ?? []).map((ip) => `IP Address:${ip}`),
+  ];
+  return { subject: cert.spec.commonName === undefined ? {} : { CN: cert.spec.commonName }, subjectaltname: names.join(", ") } as unknown as PeerCertificate;
+}
+
+/** A server's access control for a config: its certificate rules as it compiles them (the keys file is a mounted Secret, not here). */
+function accessControl(config: MmgateConfig): AccessControl {
+  return new AccessControl({ auth: { ...config.auth, keysFile: "" }, logger: pino({ level: "silent" }), registry: new Registry() });
+}
+
+/** A setting of a config by dotted path, module sections by their name. */
+function settingAt(config: MmgateConfig, path: string): unknown {
+  const [first, ...rest] = path.split(".");
+  let node: unknown = first! in config.sections ? config.sections[first!] : (config as unknown as Obj)[first!];
+  for (const key of rest) node = node === undefined || node === null ? undefined : (node as Obj)[key];
+  return node;
+}
+
+/** One kind of call one role makes to another. */
+interface Outbound {
+  readonly from: RoleKind;
+  readonly to: RoleKind;
+  /** The caller's channel setting these calls go through; the first one set. */
+  readonly channel: readonly string[];
+  /** The caller's setting with the callee's address, or "advertised": the address the callee registers (an Encode worker's). */
+  readonly address: string;
+  readonly methods: readonly DescMethod[];
+}
+
+/** Every call a role of the stack makes to another (OUTBOUND_SOURCES holds it to the code). */
+const OUTBOUND: readonly Outbound[] = [
+  // Encode for each multimodal request; each worker's health, for outlier ejection.
+  { from: "hop", to: "encoder", channel: ["encodeHop.channel"], address: "advertised", methods: [EncodeWorkerService.method.encode, Health.method.check] },
+  // Generate for every request; the downstream's health, for the hop's readiness.
+  {
+    from: "hop",
+    to: "token-worker",
+    channel: ["encodeHop.downstreamChannel", "encodeHop.channel"],
+    address: "encodeHop.downstream",
+    methods: [TokenWorkerService.method.generate, Health.method.check],
+  },
+  // The tensors an encoder result hands it, at the address the result names: the worker's advertised one.
+  { from: "token-worker", to: "encoder", channel: ["tokenWorker.receiver.channel"], address: "advertised", methods: [MediaService.method.readTensor, MediaService.method.releaseTensor] },
+  // The relay's pools, mirrored: the catalog, each pool's filter stream, readiness and load.
+  {
+    from: "router",
+    to: "relay",
+    channel: ["router.channel"],
+    address: "router.relays",
+    methods: [KvEventRelay.method.watchKvPoolCatalog, KvEventRelay.method.subscribeKvPool, KvEventRelay.method.subscribeServingReadiness, KvEventRelay.method.subscribeKvPoolLoad],
+  },
+];
+
+/** Where each role's calls to other roles are made: the code OUTBOUND is read against. */
+const OUTBOUND_SOURCES: Readonly<Partial<Record<RoleKind, readonly string[]>>> = {
+  hop: ["src/encode/hop.ts", "src/encode/router.ts"],
+  "token-worker": ["src/encode/receiver.ts"],
+  router: ["src/relay/router/relay-state.ts", "src/relay/consumer/consumer.ts"],
+};
+
+/** The services those files make clients of, by the name they import them under. */
+const CLIENT_SERVICES: Readonly<Record<string, DescService>> = { EncodeWorkerService, TokenWorkerService, MediaService, KvEventRelay, Health };
+
+const methodName = (m: DescMethod) => `${m.parent.typeName}/${m.name}`;
+
+/**
+ * The methods a source file calls on clients it makes: `createClient(S, …).m(`,
+ * `x = createClient(S, …)` then `x.m(`, and `S.method.m` (a transport's
+ * own call). A client of a service CLIENT_SERVICES does not know fails.
+ */
+function clientCalls(file: string): Set<string> {
+  const text = readFileSync(join(repoRoot, file), "utf8");
+  const calls = new Set<string>();
+  const add = (service: DescService, local: string) => {
+    const method = service.methods.find((m) => m.localName === local);
+    if (method) calls.add(methodName(method));
+  };
+  for (const match of text.matchAll(/createClient\(\s*(\w+)\s*,/g)) {
+    const service = CLIENT_SERVICES[match[1]!];
+    expect(service, `${file}: a client of ${match[1]}, a service OUTBOUND does not know`).to.not.equal(undefined);
+    // The call right after the createClient(…) expression, past its balanced parentheses.
+    let depth = 0;
+    let at = match.index + "createClient".length;
+    for (; at < text.length; at++) {
+      if (text[at] === "(") depth++;
+      else if (text[at] === ")" && --depth === 0) break;
+    }
+    const direct = /^\s*\.(\w+)\(/.exec(text.slice(at + 1));
+    if (direct) add(service!, direct[1]!);
+    // Or the name it is kept under.
+    const kept = /(?:(?:const|let)\s+|this\.)(\w+)\s*=\s*$/.exec(text.slice(0, match.index));
+    if (kept) for (const call of text.matchAll(new RegExp(`\\b${kept[1]}\\.(\\w+)\\(`, "g"))) add(service!, call[1]!);
+  }
+  for (const match of text.matchAll(/\b(\w+)\.method\.(\w+)\b/g)) {
+    const service = CLIENT_SERVICES[match[1]!];
+    if (service) add(service, match[2]!);
+  }
+  return calls;
+}
+
+/** The README's section under the level-3 heading `title`, up to the next heading. */
+function readmeSubsection(title: string): string {
+  const readme = readFileSync(join(repoRoot, "README.md"), "utf8");
+  const start = readme.indexOf(`\n### ${title}\n`);
+  expect(start, `README has a "### ${title}" section`).to.be.above(-1);
+  const end = readme.slice(start + 1).search(/\n##+ /);
+  return end === -1 ? readme.slice(start) : readme.slice(start, start + 1 + end);
+}
+
+/** The lines of a section's sh blocks, `\`-continued lines joined, comments dropped. */
+function shellLines(section: string): string[] {
+  return [...section.matchAll(/```sh\n([\s\S]*?)```/g)]
+    .map((m) => m[1]!)
+    .join("\n")
+    .replace(/\\\n\s*/g, "")
+    .split("\n")
+    .map((line) => line.replace(/\s+#.*$/, "").trim())
+    .filter((line) => line !== "" && !line.startsWith("#"));
+}
+
+/** `mmgate keys add NAME …`, parsed as the executable parses it: the name and the options. */
+async function parseKeysAdd(line: string): Promise<{ name: string; scope: string[]; file: string; requestsPerSecond?: number; imagesPerMinute?: number }> {
+  const argv = line.replace(/^npx mmgate /, "").split(/\s+/);
+  expect(argv.slice(0, 2), line).to.deep.equal(["keys", "add"]);
+  const root = await program(argv);
+  const add = root.commands.find((c) => c.name() === "keys")!.commands.find((c) => c.name() === "add")!;
+  add.exitOverride();
+  add.configureOutput({ writeOut: () => undefined, writeErr: () => undefined });
+  const { operands, unknown } = add.parseOptions(argv.slice(2));
+  expect(unknown, `${line}: options \`mmgate keys add\` does not know`).to.deep.equal([]);
+  expect(operands, `${line}: one name`).to.have.length(1);
+  return { name: operands[0]!, ...add.opts<{ scope: string[]; file: string; requestsPerSecond?: number; imagesPerMinute?: number }>() };
+}
+
+describe("deploy: the Kubernetes stack's access control (keys, mutual TLS)", () => {
+  let roles: KubeRole[];
+  before(async function () {
+    this.timeout(60_000);
+    roles = await loadKubeRoles();
+  });
+  const mmgateRoles = () => roles.filter((r) => r.loaded !== undefined);
+  const roleOf = (kind: RoleKind) => {
+    const found = roles.find((r) => r.kind === kind && r.loaded !== undefined);
+    expect(found, `an mmgate workload of role ${kind}`).to.not.equal(undefined);
+    return found!;
+  };
+  const label = (role: KubeRole) => `${role.workload.metadata.name} (${relative(repoRoot, role.configFile!)})`;
+
+  it("keeps every key, token and private key out of its files: the keys Secret's example holds digests only", () => {
+    const keyPattern = new RegExp(`${KEY_PREFIX}[A-Za-z0-9_-]{16,}`);
+    for (const file of yamlFilesUnder(kubeDir)) {
+      const name = relative(repoRoot, file);
+      const text = readFileSync(file, "utf8");
+      expect(text, `${name}: a key made by mmgate keys add`).to.not.match(keyPattern);
+      expect(text, `${name}: a private key`).to.not.include("PRIVATE KEY");
+      expect(text, `${name}: a token from the environment`).to.not.include("MMGATE_AUTH_TOKEN");
+      expect(text, `${name}: a Secret made from a literal`).to.not.include("--from-literal");
+      for (const doc of yamlDocuments(file)) {
+        if (doc.kind !== "Secret") continue;
+        // Only a keys file, which the schema holds to digests: a key itself does not validate.
+        for (const [key, content] of Object.entries(secretFiles(doc as unknown as Secret))) validateKeys(parseYaml(content), `${name}: ${key}`);
+      }
+    }
+    expect(exampleKeys().length, "the example has keys").to.be.above(0);
+    for (const role of mmgateRoles()) {
+      const tokens = [...leaves(role.loaded!.raw).keys()].filter((path) => /(^|\.)(token|tokenFile)$/.test(path));
+      expect(tokens, `${label(role)}: no token, no token file`).to.deep.equal([]);
+    }
+    const readme = readmeSubsection("Kubernetes (whole stack)");
+    expect(readme, "README: a key").to.not.match(keyPattern);
+    expect(readme, "README: a Secret made from a literal").to.not.include("--from-literal");
+  });
+
+  it("mounts every file a config names from a Secret: a whole Secret as a directory (no subPath), read-only, holding that file", () => {
+    const keysSecret = keysSecretExample().metadata.name;
+    for (const role of mmgateRoles()) {
+      const { config } = role.loaded!;
+      const files = fileSettings(config);
+      expect([...files.keys()], `${label(role)}: the files of its access control`).to.include.members(["tls.certFile", "tls.keyFile", "tls.clientCaFile", "auth.keysFile"]);
+      for (const [setting, file] of files) {
+        const what = `${label(role)}: ${setting} ${file}`;
+        const { mount, volume } = mountOf(role, file);
+        expect(mount, `${what}: directly in a mounted directory`).to.not.equal(undefined);
+        // A subPath mount is a copy made when the container starts: a renewed certificate or a new key never reaches it.
+        expect(mount!.subPath, `${what}: no subPath`).to.equal(undefined);
+        expect(mount!.readOnly, `${what}: read-only`).to.equal(true);
+        expect(volume?.secret, `${what}: a Secret`).to.not.equal(undefined);
+        expect(volume!.secret!.items, `${what}: the whole Secret`).to.equal(undefined);
+        expect(volume!.secret!.optional ?? false, `${what}: required`).to.equal(false);
+        const name = volume!.secret!.secretName;
+        const keys = secretKeys(name);
+        expect(keys, `${what}: the Secret ${name} is the keys Secret (examples/keys-secret.yaml) or one a Certificate of cert-manager/ writes`).to.not.equal(undefined);
+        expect(keys, `${what}: a file of the Secret ${name}`).to.include(posix.basename(file));
+        // What each setting holds, from the Secret that holds it.
+        const want = setting === "auth.keysFile" ? [keysSecret, undefined] : /(^|\.)certFile$/.test(setting) ? [undefined, "tls.crt"] : /(^|\.)keyFile$/.test(setting) ? [undefined, "tls.key"] : [undefined, "ca.crt"];
+        if (want[0] !== undefined) expect(name, what).to.equal(want[0]);
+        else expect([name === keysSecret, posix.basename(file)], what).to.deep.equal([false, want[1]]);
+      }
+      // One pair: the certificate and its key from one Secret.
+      expect(mountOf(role, config.tls.keyFile).volume, `${label(role)}: tls.keyFile beside tls.certFile`).to.equal(mountOf(role, config.tls.certFile).volume);
+    }
+  });
+
+  it("gives each role a certificate of its own from the stack's CA, naming its Service and an identity", () => {
+    const services = kubeObjects().filter((o) => o.kind === "Service") as unknown as Service[];
+    const secrets = new Set<string>();
+    const issuers = new Set<string>();
+    for (const role of mmgateRoles()) {
+      const cert = certificateOf(role);
+      const what = `${label(role)}: Certificate ${cert.metadata.name}`;
+      expect(secrets.has(cert.spec.secretName), `${what}: no other role's`).to.equal(false);
+      secrets.add(cert.spec.secretName);
+      issuers.add(cert.spec.issuerRef.name);
+      expect(cert.spec.usages, `${what}: usages`).to.include("server auth");
+      expect(cert.spec.uris ?? [], `${what}: a URI SAN, the identity the certificate rules match`).to.have.length.above(0);
+      // The names the other roles dial it by: its Services.
+      for (const service of services.filter((s) => selects(s.spec.selector, role.workload.spec.template.metadata.labels))) {
+        expect(cert.spec.dnsNames, `${what}: names the Service`).to.include(service.metadata.name);
+      }
+      // The CA its peers check it against is the one it checks its clients against.
+      expect(posix.basename(role.loaded!.config.tls.clientCaFile), `${label(role)}: tls.clientCaFile`).to.equal("ca.crt");
+    }
+    expect([...issuers], "one Issuer signs every role's certificate").to.have.length(1);
+    const k = parseYaml(readFileSync(join(certManagerDir, "kustomization.yaml"), "utf8")) as Kustomization;
+    const beside = readdirSync(certManagerDir).filter((f) => /\.ya?ml$/.test(f) && f !== "kustomization.yaml");
+    expect([...k.resources].sort(), "cert-manager/kustomization.yaml lists every file beside it").to.deep.equal(beside.sort());
+    expect(kustomization().resources.filter((r) => r.startsWith("cert-manager") || r.startsWith("examples")), "the stack's own resources leave the certificates and the example Secret out").to.deep.equal([]);
+    const issuer = certManagerObjects().find((o) => o.kind === "Issuer" && (o.metadata as Obj).name === [...issuers][0]) as { spec?: { ca?: { secretName: string } } } | undefined;
+    expect(issuer?.spec?.ca?.secretName, "a CA Issuer (its Secrets carry ca.crt)").to.be.a("string");
+    const ca = certificates().find((c) => c.spec.secretName === issuer!.spec!.ca!.secretName);
+    expect(ca?.spec.isCA, "the CA's own Certificate").to.equal(true);
+  });
+
+  it("requires a client certificate on the roles other roles call, and asks for one where applications call with keys alone", () => {
+    const called = new Set(OUTBOUND.map((e) => e.to));
+    for (const role of mmgateRoles()) {
+      expect(role.loaded!.config.tls.clientAuth, label(role)).to.equal(called.has(role.kind) ? "require" : "request");
+    }
+  });
+
+  it("each call one role makes to another checks the callee's certificate against the CA and presents the caller's own", () => {
+    for (const edge of OUTBOUND) {
+      const caller = roleOf(edge.from);
+      const callee = roleOf(edge.to);
+      const what = `${edge.from} → ${edge.to}`;
+      const path = edge.channel.find((p) => settingAt(caller.loaded!.config, p) !== undefined);
+      expect(path, `${what}: ${edge.channel.join(" or ")}`).to.not.equal(undefined);
+      const channel = settingAt(caller.loaded!.config, path!) as { tls: boolean; caFile: string; certFile: string; keyFile: string; serverName: string; token: string; tokenFile: string };
+      const { tls } = caller.loaded!.config;
+      expect(channel.tls, `${what}: ${path}.tls`).to.equal(true);
+      expect(channel.caFile, `${what}: ${path}.caFile, the stack's CA`).to.equal(tls.clientCaFile);
+      expect([channel.certFile, channel.keyFile], `${what}: ${path} presents the caller's certificate`).to.deep.equal([tls.certFile, tls.keyFile]);
+      expect([channel.token, channel.tokenFile], `${what}: ${path}: no service token`).to.deep.equal(["", ""]);
+      expect(certificateOf(caller).spec.usages, `${what}: the caller's certificate is a client certificate too`).to.include("client auth");
+      const given = edge.address === "advertised" ? callee.loaded!.config.advertiseAddress : settingAt(caller.loaded!.config, edge.address);
+      const addresses = (Array.isArray(given) ? given : [given]).map(String);
+      expect(addresses.length, `${what}: ${edge.address}`).to.be.above(0);
+      for (const address of addresses) {
+        const name = channel.serverName !== "" ? channel.serverName : hostPortOf(address).host;
+        expect(certificateOf(callee).spec.dnsNames, `${what}: ${address} is checked as ${name}`).to.include(name);
+      }
+      // A bearer header wins over the certificate: the hop keeps its callers' keys to itself.
+      const section = settingAt(caller.loaded!.config, path!.split(".")[0]!) as { passAuthorization?: boolean };
+      if (section.passAuthorization !== undefined) expect(section.passAuthorization, `${what}: passAuthorization`).to.equal(false);
+    }
+  });
+
+  it("the roles each role calls know it by its certificate, with the scopes of the methods it calls, and no other role's certificate", () => {
+    const byCallee = new Map<RoleKind, Outbound[]>();
+    for (const edge of OUTBOUND) byCallee.set(edge.to, [...(byCallee.get(edge.to) ?? []), edge]);
+    for (const [to, edges] of byCallee) {
+      const control = accessControl(roleOf(to).loaded!.config);
+      for (const edge of edges) {
+        const cert = peerCertificate(certificateOf(roleOf(edge.from)));
+        for (const method of edge.methods) {
+          const verdict = control.authorize(method, null, cert);
+          const what = `${edge.from} → ${edge.to}: ${methodName(method)}`;
+          expect(verdict.refusal?.message, `${what}: refused`).to.equal(undefined);
+          expect([verdict.caller?.name, verdict.caller?.via], `${what}: the caller its certificate rule names`).to.deep.equal([edge.from, "certificate"]);
+        }
+      }
+      // Every other role's certificate is refused what these callers are granted (public methods are open to anyone).
+      for (const method of new Set(edges.flatMap((e) => e.methods))) {
+        if (methodAccess(method) === Access.PUBLIC) continue;
+        const callers = new Set(edges.filter((e) => e.methods.includes(method)).map((e) => e.from));
+        for (const other of mmgateRoles().filter((r) => !callers.has(r.kind))) {
+          const verdict = control.authorize(method, null, peerCertificate(certificateOf(other)));
+          expect(verdict.refusal, `${to}: ${methodName(method)} with ${other.kind}'s certificate`).to.not.equal(undefined);
+        }
+      }
+    }
+  });
+
+  it("every scope of the certificate rules and of the example keys names a level, service or method (the access module's catalog)", async () => {
+    const catalog = await scopeCatalog();
+    expect(catalog.size, "the catalog knows proto/'s services (npm run generate)").to.be.above(0);
+    const check = (what: string, scopes: readonly string[]) => {
+      for (const scope of scopes) expect(catalog.has(scope), `${what}: ${catalog.describeUnknown(scope)}`).to.equal(true);
+    };
+    for (const role of mmgateRoles()) for (const rule of role.loaded!.config.auth.certificates) check(`${label(role)}: auth.certificates ${rule.name}`, rule.scopes);
+    for (const key of exampleKeys()) check(`${relative(repoRoot, keysSecretFile)}: ${key.name}`, key.scopes);
+  });
+
+  it("the README's commands make the keys Secret the roles mount, with the example's keys, and apply the certificates", async () => {
+    const lines = shellLines(readmeSubsection("Kubernetes (whole stack)"));
+    const adds = await Promise.all(lines.filter((l) => /^(npx )?mmgate keys add /.test(l)).map(parseKeysAdd));
+    const example = exampleKeys();
+    expect(
+      adds.map((a) => ({ name: a.name, scopes: a.scope, limits: { requestsPerSecond: a.requestsPerSecond, imagesPerMinute: a.imagesPerMinute } })),
+      "README: `mmgate keys add` makes the keys of examples/keys-secret.yaml",
+    ).to.deep.equal(example.map((k) => ({ name: k.name, scopes: k.scopes, limits: { requestsPerSecond: k.limits?.requestsPerSecond, imagesPerMinute: k.limits?.imagesPerMinute } })));
+    const create = lines.map((l) => /^kubectl create secret generic (\S+) --from-file=(\S+)$/.exec(l)).find((m) => m !== null);
+    expect(create, "README: kubectl create secret generic NAME --from-file=FILE").to.not.equal(undefined);
+    const [, secretName, fromFile] = create!;
+    const [key, path] = fromFile!.includes("=") ? fromFile!.split("=") : [posix.basename(fromFile!), fromFile!];
+    for (const add of adds) expect(add.file, `README: keys add ${add.name} --file`).to.equal(path);
+    expect(secretName, "README: the Secret the example shows").to.equal(keysSecretExample().metadata.name);
+    for (const role of mmgateRoles()) {
+      const { volume } = mountOf(role, role.loaded!.config.auth.keysFile);
+      expect([volume?.secret?.secretName, posix.basename(role.loaded!.config.auth.keysFile)], `${label(role)}: the README's Secret and file`).to.deep.equal([secretName, key]);
+    }
+    expect(lines, "README: the certificates first").to.include("kubectl apply -k deploy/kubernetes/stack/cert-manager");
+  });
+
+  it("the calls each role makes (OUTBOUND) are those its code makes", () => {
+    for (const kind of new Set(OUTBOUND.map((e) => e.from))) expect(OUTBOUND_SOURCES, `OUTBOUND_SOURCES names where ${kind} calls from`).to.have.property(kind);
+    for (const [kind, files] of Object.entries(OUTBOUND_SOURCES)) {
+      const found = new Set(files!.flatMap((f) => [...clientCalls(f)]));
+      const listed = new Set(OUTBOUND.filter((e) => e.from === kind).flatMap((e) => e.methods.map(methodName)));
+      expect([...found].sort(), `${kind}: the calls of ${files!.join(", ")}`).to.deep.equal([...listed].sort());
+    }
+  });
+});
+
+/**
+ * A CA, and certificates it signs as cert-manager signs a Certificate of
+ * cert-manager/ (subject, SANs, key usages), with the system's openssl,
+ * each written as the Secret cert-manager writes: a directory holding
+ * tls.crt, tls.key and ca.crt.
+ */
+class CertificateMaker {
+  private readonly caDir: string;
+
+  constructor(private readonly dir: string) {
+    this.caDir = join(dir, "ca");
+    mkdirSync(this.caDir);
+    openssl([
+      "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "2", "-subj", "/CN=mmgate-stack CA",
+      "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+      "-keyout", join(this.caDir, "ca.key"), "-out", join(this.caDir, "ca.crt"),
+    ]);
+  }
+
+  /** The Secret of `cert`, made once: its directory. */
+  secret(cert: Certificate): string {
+    const out = join(this.dir, cert.spec.secretName);
+    if (existsSync(out)) return out;
+    mkdirSync(out);
+    const usages = cert.spec.usages ?? ["digital signature", "key encipherment"];
+    const keyUsage = usages.filter((u) => u === "digital signature" || u === "key encipherment").map((u) => (u === "digital signature" ? "digitalSignature" : "keyEncipherment"));
+    const extended = usages.filter((u) => u === "server auth" || u === "client auth").map((u) => (u === "server auth" ? "serverAuth" : "clientAuth"));
+    const sans = [...(cert.spec.dnsNames ?? []).map((n) => `DNS:${n}`), ...(cert.spec.uris ?? []).map((u) => `URI:${u}`), ...(cert.spec.ipAddresses ?? []).map((ip) => `IP:${ip}`)];
+    const ext = join(out, "ext.cnf");
+    writeFileSync(
+      ext,
+      [
+        "basicConstraints=critical,CA:FALSE",
+        `keyUsage=critical,${keyUsage.join(",")}`,
+        ...(extended.length > 0 ? [`extendedKeyUsage=${extended.join(",")}`] : []),
+        `subjectAltName=${sans.join(",")}`,
+        "",
+      ].join("\n"),
+    );
+    const subject = cert.spec.commonName === undefined ? "/" : `/CN=${cert.spec.commonName}`;
+    openssl(["req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-subj", subject, "-keyout", join(out, "tls.key"), "-out", join(out, "tls.csr")]);
+    openssl([
+      "x509", "-req", "-in", join(out, "tls.csr"), "-CA", join(this.caDir, "ca.crt"), "-CAkey", join(this.caDir, "ca.key"), "-CAcreateserial",
+      "-days", "1", "-extfile", ext, "-out", join(out, "tls.crt"),
+    ]);
+    copyFileSync(join(this.caDir, "ca.crt"), join(out, "ca.crt"));
+    return out;
+  }
+}
+
+function openssl(args: readonly string[]): void {
+  execFileSync("openssl", [...args], { stdio: ["ignore", "ignore", "pipe"] });
+}
+
+describe("deploy: the Kubernetes stack's mutual TLS at work (certificates as cert-manager/ makes them)", function () {
+  this.timeout(60_000);
+  let roles: KubeRole[];
+  let dir: string;
+  let maker: CertificateMaker;
+  let tokenWorker: InProcessServer | undefined;
+  const pools: ChannelPool[] = [];
+
+  before(async function () {
+    if (!opensslAvailable()) {
+      console.warn("    no openssl: skipping the recipe's certificates at work");
+      this.skip();
+    }
+    roles = await loadKubeRoles();
+    dir = mkdtempSync(join(tmpdir(), "mmgate-kube-mtls-"));
+    maker = new CertificateMaker(dir);
+  });
+  after(async () => {
+    for (const pool of pools) pool.abort();
+    await tokenWorker?.close();
+    if (dir) rmSync(dir, { recursive: true, force: true });
+  });
+  const roleOf = (kind: RoleKind) => roles.find((r) => r.kind === kind && r.loaded !== undefined)!;
+
+  /** A file the role's config names, where its Secret is here: the TLS Secrets made by `maker`, the keys Secret from its example. */
+  const localFile = (role: KubeRole, file: string): string => {
+    const secret = mountOf(role, file).volume!.secret!.secretName;
+    const cert = certificates().find((c) => c.spec.secretName === secret);
+    let at: string;
+    if (cert !== undefined) {
+      at = maker.secret(cert);
+    } else {
+      at = join(dir, secret);
+      mkdirSync(at, { recursive: true });
+      for (const [name, content] of Object.entries(secretFiles(keysSecretExample()))) writeFileSync(join(at, name), content);
+    }
+    return join(at, posix.basename(file));
+  };
+
+  /** A value with every file the role's config names replaced by its local copy. */
+  const localized = <T>(role: KubeRole, value: T): T => {
+    const files = new Set(fileSettings(role.loaded!.config).values());
+    const walk = (v: unknown): unknown => {
+      if (typeof v === "string") return files.has(v) ? localFile(role, v) : v;
+      if (Array.isArray(v)) return v.map(walk);
+      if (v !== null && typeof v === "object") return Object.fromEntries(Object.entries(v).map(([k, x]) => [k, walk(x)]));
+      return v;
+    };
+    return walk(value) as T;
+  };
+
+  /** The caller's channel to the token worker, as its config has it, dialing the test's address under the Service's name (as DNS would). */
+  const channelTo = (caller: KubeRole, path: string, address: string): Transport => {
+    const options = localized(caller, settingAt(caller.loaded!.config, path) as ChannelOptions);
+    const pool = new ChannelPool({ ...options, serverName: hostPortOf(String(settingAt(roleOf("hop").loaded!.config, "encodeHop.downstream"))).host });
+    pools.push(pool);
+    return pool.get(address);
+  };
+
+  it("a role that requires client certificates answers its probes over plain HTTP, turns away a client without one, and knows the hop by its certificate", async () => {
+    const worker = roleOf("token-worker");
+    expect(worker.loaded!.config.tls.clientAuth, "the token worker requires client certificates").to.equal("require");
+    const raw = localized(worker, worker.loaded!.raw);
+    // On loopback, but answering to any host as the recipe's wildcard listener does (its callers name its Service).
+    tokenWorker = await startServer({
+      modules: builtinModules,
+      config: { ...raw, listen: "127.0.0.1:0", adminListen: "127.0.0.1:0", server: { allowedHosts: ["*"] }, shutdown: { delayMs: 0, graceMs: 1000 } },
+    });
+
+    // The probes: plain HTTP on the admin listener, no certificate asked for.
+    await eventually(async () => expect((await fetch(`http://${tokenWorker!.adminAddr}/readyz`)).status).to.equal(200));
+    expect((await fetch(`http://${tokenWorker.adminAddr}/healthz`)).status).to.equal(200);
+
+    // gRPC without a certificate: turned away at the handshake.
+    const ca = readFileSync(localFile(worker, worker.loaded!.config.tls.clientCaFile));
+    const anonymous = createGrpcTransport({ baseUrl: `https://${tokenWorker.addr}`, nodeOptions: { ca, servername: "mmgate-token-worker" } });
+    const refused = await createClient(Health, anonymous)
+      .check({ service: "" }, { timeoutMs: 5000 })
+      .then(
+        () => undefined,
+        (err: unknown) => ConnectError.from(err),
+      );
+    expect(refused, "a call without a client certificate").to.not.equal(undefined);
+
+    // The hop's channel to it (the certificate cert-manager/ makes for the hop): Generate, as the caller "hop".
+    const request = { request: { tokenIds: [1, 2, 3], stopConditions: { maxTokens: 2 } } };
+    const hop = channelTo(roleOf("hop"), "encodeHop.downstreamChannel", tokenWorker.addr);
+    const outputs = [];
+    for await (const response of createClient(TokenWorkerService, hop).generate(request, { timeoutMs: 5000 })) outputs.push(response);
+    expect(outputs.length, "the hop's Generate streams outputs").to.be.above(0);
+    const metrics = await (await fetch(`http://${tokenWorker.adminAddr}/metrics`)).text();
+    expect(metrics, "the call is the hop's").to.match(/grpc_server_handled_total\{[^}]*caller="hop"/);
+
+    // Another role's certificate (the router's, a client certificate too) matches no rule: refused.
+    const router = channelTo(roleOf("router"), "router.channel", tokenWorker.addr);
+    const denied = await (async () => {
+      for await (const _ of createClient(TokenWorkerService, router).generate(request, { timeoutMs: 5000 })) void _;
+    })().then(
+      () => undefined,
+      (err: unknown) => ConnectError.from(err),
+    );
+    expect(denied?.code, `the router's certificate: ${denied?.rawMessage}`).to.equal(Code.Unauthenticated);
   });
 });

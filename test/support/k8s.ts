@@ -6,7 +6,7 @@
 type Obj = Record<string, unknown>;
 
 export interface Probe {
-  httpGet?: { path: string; port: string | number };
+  httpGet?: { path: string; port: string | number; scheme?: "HTTP" | "HTTPS" };
   grpc?: { port: number; service?: string };
   tcpSocket?: { port: string | number };
 }
@@ -31,8 +31,15 @@ export interface Container {
   startupProbe?: Probe;
   resources?: { requests?: Obj; limits?: Obj };
   securityContext?: { readOnlyRootFilesystem?: boolean; runAsNonRoot?: boolean; allowPrivilegeEscalation?: boolean; capabilities?: { drop?: string[] } };
-  volumeMounts?: { name: string; mountPath: string; readOnly?: boolean }[];
+  volumeMounts?: { name: string; mountPath: string; readOnly?: boolean; subPath?: string }[];
   lifecycle?: { preStop?: { exec?: { command: string[] }; sleep?: { seconds: number } } };
+}
+/** A pod's volume: the kinds the manifests use. */
+export interface Volume {
+  name: string;
+  configMap?: { name: string };
+  secret?: { secretName: string; defaultMode?: number; optional?: boolean; items?: { key: string; path: string }[] };
+  emptyDir?: Obj;
 }
 /** A Deployment or a StatefulSet. */
 export interface Workload {
@@ -47,9 +54,9 @@ export interface Workload {
       spec: {
         terminationGracePeriodSeconds?: number;
         automountServiceAccountToken?: boolean;
-        securityContext?: { runAsNonRoot?: boolean; runAsUser?: number };
+        securityContext?: { runAsNonRoot?: boolean; runAsUser?: number; runAsGroup?: number; fsGroup?: number };
         containers: Container[];
-        volumes?: { name: string; configMap?: { name: string }; emptyDir?: Obj }[];
+        volumes?: Volume[];
       };
     };
   };
@@ -71,4 +78,24 @@ export interface Kustomization {
   configMapGenerator?: { name: string; files?: string[] }[];
   namePrefix?: string;
   nameSuffix?: string;
+}
+export interface Secret {
+  metadata: { name: string };
+  type?: string;
+  data?: Record<string, string>;
+  stringData?: Record<string, string>;
+}
+/** cert-manager's Certificate (cert-manager.io/v1): the Secret it writes (tls.crt, tls.key, ca.crt) and what the certificate says. */
+export interface Certificate {
+  metadata: { name: string };
+  spec: {
+    secretName: string;
+    commonName?: string;
+    dnsNames?: string[];
+    uris?: string[];
+    ipAddresses?: string[];
+    usages?: string[];
+    isCA?: boolean;
+    issuerRef: { name: string; kind?: string; group?: string };
+  };
 }
