@@ -2,7 +2,7 @@ import { z } from "zod";
 import { MAX_TIMER_MS } from "../util/index.js";
 import { ERROR_CODES } from "./core/errors.js";
 import { DEFAULT_REQUEST_LIMITS, MAX_OUTPUTS_CEILING, isValidSize } from "./core/validation.js";
-import { hostPort } from "../server/index.js";
+import { callerLimitsSchema, hostPort } from "../server/index.js";
 
 const MiB = 1024 * 1024;
 const positive = () => z.number().int().min(1);
@@ -164,6 +164,33 @@ const idempotencySchema = z
   })
   .prefault({});
 
+/**
+ * Per-caller quotas (../quota/): token buckets per caller name, from the
+ * caller's `limits` (auth.keysFile, auth.certificates) and, for callers
+ * without a name, `anonymous`. Absent limits are unlimited.
+ */
+const quotasSchema = z
+  .strictObject({
+    /** Limits of the calls no key or certificate names (every call when auth is off), all in one bucket. */
+    anonymous: callerLimitsSchema.prefault({}),
+    /**
+     * `memory`: buckets per process. `nats`: in a JetStream key-value bucket
+     * on the servers of `idempotency.nats`, shared by every replica (this
+     * process's memory while it is unreachable). `auto`: `nats` when
+     * `idempotency` is enabled with `store: nats`, else `memory`.
+     */
+    store: z.enum(["auto", "memory", "nats"]).default("auto"),
+    /** Callers whose buckets this process keeps at once; past it, idle (refilled) buckets go first. */
+    maxCallers: positive().max(10_000_000).default(10_000),
+    nats: z
+      .strictObject({
+        /** The key-value bucket of the quotas (created when missing, in memory; an existing one is used as it is). */
+        bucket: z.string().regex(/^[-\w]{1,64}$/, "letters, digits, _ and -").default("mmgate_quotas"),
+      })
+      .prefault({}),
+  })
+  .prefault({});
+
 const referenceSchema = z
   .strictObject({
     enabled: z.boolean().default(true),
@@ -221,6 +248,7 @@ export const imagesConfigSchema = z
       .prefault({}),
     circuitBreaker: circuitBreakerSchema,
     idempotency: idempotencySchema,
+    quotas: quotasSchema,
     reference: referenceSchema,
     openai: z.array(openaiSchema).default([]),
   })
@@ -246,3 +274,11 @@ export type ImagesConfig = z.output<typeof imagesConfigSchema>;
 export type OpenAiProviderConfig = z.output<typeof openaiSchema>;
 export type IdempotencyConfig = z.output<typeof idempotencySchema>;
 export type IdempotencyNatsConfig = z.output<typeof idempotencyNatsSchema>;
+export type QuotasConfig = z.output<typeof quotasSchema>;
+
+/** Where the quotas' buckets live: `auto` follows the idempotency store. */
+export function quotaStoreOf(config: Pick<ImagesConfig, "quotas" | "idempotency">): "memory" | "nats" {
+  const { store } = config.quotas;
+  if (store !== "auto") return store;
+  return config.idempotency.enabled && config.idempotency.store === "nats" ? "nats" : "memory";
+}

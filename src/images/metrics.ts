@@ -1,4 +1,5 @@
 import { Counter, Gauge, Histogram, type Registry } from "prom-client";
+import type { QuotaLimit } from "./quota/bucket.js";
 import type { IdempotencyAnswer } from "./runtime/idempotency.js";
 import type { ImageRuntime, RuntimeOutcome } from "./runtime/runtime.js";
 
@@ -11,6 +12,12 @@ export interface IdempotencyStoreState {
   readonly degraded: boolean;
 }
 
+/** What the metrics read of the quota store at scrape time. */
+export interface QuotaStoreState {
+  /** True while a shared store is unreachable and buckets are per replica. */
+  readonly degraded: boolean;
+}
+
 /** Image metrics: gauges read at scrape time, counters fed by the runtime. */
 export class ImageMetrics {
   private readonly requests: Counter<"provider" | "code">;
@@ -18,11 +25,13 @@ export class ImageMetrics {
   private readonly providerSeconds: Histogram<"provider" | "outcome">;
   private readonly idempotency: Counter<"result">;
   private readonly leaseTakeovers: Counter;
+  private readonly quotaRejections: Counter<"caller" | "limit">;
 
   constructor(
     registry: Registry,
     runtime: () => ImageRuntime | undefined,
     idempotencyStore: () => IdempotencyStoreState | undefined = () => undefined,
+    quotaStore: () => QuotaStoreState | undefined = () => undefined,
   ) {
     new Gauge({
       name: "mmgate_images_circuit_state",
@@ -125,6 +134,25 @@ export class ImageMetrics {
       help: "Idempotency claims taken over from a replica that stopped refreshing them (the key then answers an unknown outcome)",
       registers: [registry],
     });
+    this.quotaRejections = new Counter({
+      name: "mmgate_images_quota_rejections_total",
+      help: "Image calls refused by their caller's quota (quota_exceeded), by caller (a configured name, anonymous, or other) and limit (requests: per second, images: per minute)",
+      labelNames: ["caller", "limit"],
+      registers: [registry],
+    });
+    new Gauge({
+      name: "mmgate_images_quota_store_degraded",
+      help: "1 while the shared quota store (images.quotas on NATS) is unreachable and callers are charged per replica; 0 otherwise, always 0 with the memory store",
+      registers: [registry],
+      collect() {
+        this.set(quotaStore()?.degraded === true ? 1 : 0);
+      },
+    });
+  }
+
+  /** A call refused by its caller's quota: `caller` is the bounded label auth gives names (a configured name, anonymous, other). */
+  recordQuotaRejection(caller: string, limit: QuotaLimit): void {
+    this.quotaRejections.inc({ caller, limit });
   }
 
   /** A claim of the shared idempotency store was taken over from a replica presumed dead. */

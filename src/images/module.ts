@@ -7,7 +7,7 @@ import type { ConnectError } from "@connectrpc/connect";
 import { ImageService } from "../../gen/mmgate/images/v1/image_service_pb.js";
 import { bindService, defineModule, type ModuleContext, type ModuleInstance } from "../server/index.js";
 import { buildImageRuntime, type BuildOptions } from "./build.js";
-import { imagesConfigSchema, type ImagesConfig } from "./config.js";
+import { imagesConfigSchema, quotaStoreOf, type ImagesConfig } from "./config.js";
 import { ImageError } from "./core/errors.js";
 import { ImageMetrics } from "./metrics.js";
 import { toConnectError } from "./proto-convert.js";
@@ -17,6 +17,9 @@ import { imageService, type ImageServiceOptions } from "./service.js";
 import { MemoryIdempotencyStore, type IdempotencyAnswer } from "./runtime/idempotency.js";
 import { NatsIdempotencyStore } from "./runtime/idempotency-nats.js";
 import { openAiImageApi } from "./openai-api/index.js";
+import { NatsQuotaStore } from "./quota/nats.js";
+import { ImageQuotas } from "./quota/quotas.js";
+import { MemoryQuotaStore } from "./quota/store.js";
 
 /**
  * The images module's error mapper: an ImageError becomes its status and
@@ -47,8 +50,30 @@ function idempotencyStore(ctx: ModuleContext<ImagesConfig>, metrics: ImageMetric
   return shared;
 }
 
+/**
+ * Where callers' quota buckets live (images.quotas.store): this process's
+ * memory, or a NATS bucket on the idempotency store's servers that every
+ * replica shares (it starts connecting at once; the module closes it).
+ */
+function quotaStore(ctx: ModuleContext<ImagesConfig>, now: () => number): MemoryQuotaStore | NatsQuotaStore {
+  const { quotas, idempotency } = ctx.config;
+  if (quotaStoreOf(ctx.config) === "memory") return new MemoryQuotaStore(quotas.maxCallers, now);
+  const shared = new NatsQuotaStore({
+    nats: idempotency.nats,
+    bucket: quotas.nats.bucket,
+    maxCallers: quotas.maxCallers,
+    logger: ctx.logger.child({ component: "quotas" }),
+    now,
+  });
+  shared.start();
+  return shared;
+}
+
 /** What an embedder or a test may add when building the module. */
-export type ImagesModuleOptions = Omit<BuildOptions, "onOutcome">;
+export type ImagesModuleOptions = Omit<BuildOptions, "onOutcome"> & {
+  /** The clock of the quotas' token buckets (ms since the epoch); Date.now by default. */
+  readonly quotaClock?: () => number;
+};
 
 /**
  * Starts the capability: providers, runtime, metrics and the service
@@ -59,10 +84,11 @@ function createImagesInstance(
   options: ImagesModuleOptions = {},
 ): ModuleInstance & { runtime: ImageRuntime } {
   // The gauges read the runtime at scrape time; it exists by then.
-  const holder: { runtime?: ImageRuntime; health?: ReturnType<typeof publishProviderHealth>; idempotency?: NatsIdempotencyStore } = {};
-  const metrics = new ImageMetrics(ctx.metrics, () => holder.runtime, () => holder.idempotency);
+  const holder: { runtime?: ImageRuntime; health?: ReturnType<typeof publishProviderHealth>; idempotency?: NatsIdempotencyStore; quotas?: MemoryQuotaStore | NatsQuotaStore } = {};
+  const metrics = new ImageMetrics(ctx.metrics, () => holder.runtime, () => holder.idempotency, () => holder.quotas);
+  const { quotaClock, ...buildOptions } = options;
   const runtime = buildImageRuntime(ctx.config, {
-    ...options,
+    ...buildOptions,
     onOutcome: (outcome) => {
       metrics.record(outcome);
       if (!outcome.ok && outcome.error.code === "internal") {
@@ -79,7 +105,14 @@ function createImagesInstance(
   ctx.tasks.run("provider-health", providerHealth.watch);
   const idempotency = idempotencyStore(ctx, metrics);
   if (idempotency instanceof NatsIdempotencyStore) holder.idempotency = idempotency;
-  const serviceOptions: ImageServiceOptions = idempotency ? { idempotency } : {};
+  const buckets = quotaStore(ctx, quotaClock ?? Date.now);
+  holder.quotas = buckets;
+  const quotas = new ImageQuotas({
+    store: buckets,
+    anonymous: ctx.config.quotas.anonymous,
+    onRefused: (caller, limit) => metrics.recordQuotaRejection(caller, limit),
+  });
+  const serviceOptions: ImageServiceOptions = { quotas, ...(idempotency ? { idempotency } : {}) };
   // One shutdown for drain and close: requests in flight finish within
   // images.shutdownGraceMs (the host's grace ends it sooner), the rest are
   // answered with timeout, then the providers stop.
@@ -97,10 +130,11 @@ function createImagesInstance(
     // OpenAI's image endpoints, each request one ImageService call in process.
     httpRoutes: openAiImageApi({ localRoutes: ctx.localRoutes, metrics: ctx.metrics, maxInputFiles: ctx.config.limits.maxInputs }),
     drain: (signal) => stop(signal),
-    // The shared store outlives the requests: their outcomes are written before it closes.
+    // The shared stores outlive the requests: their outcomes are written before they close.
     close: async () => {
       await stop();
       await holder.idempotency?.close();
+      await buckets.close();
     },
   };
 }

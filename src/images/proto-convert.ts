@@ -373,6 +373,7 @@ export const GRPC_STATUS: Readonly<Record<ErrorCode, Code>> = {
   session: Code.NotFound,
   idempotency_conflict: Code.AlreadyExists,
   internal: Code.Internal,
+  quota_exceeded: Code.ResourceExhausted,
 };
 
 /**

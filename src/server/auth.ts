@@ -9,18 +9,20 @@
 import type { Interceptor } from "@connectrpc/connect";
 import { setCurrentSpanAttribute } from "../telemetry/index.js";
 import type { AccessControl } from "./access/index.js";
-import { callerKey, peerCertificateKey } from "./caller.js";
+import { callerKey, callerLabelKey, type CallerLabel, peerCertificateKey } from "./caller.js";
 import { rpcRecordKey } from "./rpc-observer.js";
 
 export { Access, methodAccess } from "./access/index.js";
 
 /** Installed when auth is on (authEnabled): token, keys file or certificate rules. */
 export function authInterceptor(access: AccessControl): Interceptor {
+  const label: CallerLabel = (name) => access.callerLabel(name);
   return (next) => async (req) => {
     const verdict = access.authorize(req.method, req.header.get("authorization"), req.contextValues.get(peerCertificateKey));
     const caller = verdict.caller;
     if (caller !== undefined) {
       req.contextValues.set(callerKey, caller);
+      req.contextValues.set(callerLabelKey, label);
       const record = req.contextValues.get(rpcRecordKey);
       if (record !== undefined) record.caller = caller.name;
       setCurrentSpanAttribute("mmgate.caller", caller.name);

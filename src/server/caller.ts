@@ -29,6 +29,17 @@ export interface Caller {
 export const callerKey = createContextKey<Caller | undefined>(undefined, { description: "mmgate caller" });
 
 /**
+ * A caller name as a metric label: a name of the key set in force,
+ * "anonymous" without a caller, "other" for any other, so that a service's
+ * own per-caller metrics stay as bounded as the request metrics. The auth
+ * interceptor sets the access control's; without auth every caller is
+ * anonymous.
+ */
+export type CallerLabel = (name: string | undefined) => string;
+
+export const callerLabelKey = createContextKey<CallerLabel>((name) => (name === undefined ? "anonymous" : "other"), { description: "mmgate caller label" });
+
+/**
  * The client certificate the TLS handshake verified against `tls.clientCa`,
  * set by the transport for both request paths; undefined without mutual TLS
  * or when the client presented none (clientAuth: request).

@@ -31,8 +31,10 @@ export { serializeChunked } from "./message-chunks.js";
 export { preEncode, preEncodedEnvelope, writesBinary } from "./pre-encoded.js";
 export { h2ResetError } from "./h2-reset.js";
 export { webHeadersOf } from "./h2-headers.js";
+export { callerKey, callerLabelKey, type Caller, type CallerLabel, type CallerLimits } from "./caller.js";
 export {
   addKey,
+  callerLimitsSchema,
   callerNameSchema,
   configuredKeysFile,
   generateKey,

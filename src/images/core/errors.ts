@@ -19,6 +19,7 @@ export const ERROR_CODES = [
   "session",
   "idempotency_conflict",
   "internal",
+  "quota_exceeded",
 ] as const;
 
 export type ErrorCode = (typeof ERROR_CODES)[number];
@@ -46,6 +47,9 @@ const DEFAULT_SUGGESTIONS: Record<ErrorCode, readonly string[]> = {
   session: ["Check session.key or session.thread_id; the session may have expired."],
   idempotency_conflict: ["Use a new idempotency_key for a different request."],
   internal: ["Report the failure with the request id."],
+  quota_exceeded: [
+    "Wait the retry-after seconds (details.retry_after_ms) before retrying and spread requests out, or ask the operator for higher limits on this key.",
+  ],
 };
 
 export interface ImageErrorInit {

@@ -159,7 +159,9 @@ function fromDetail(detail: ErrorDetail, headers: Record<string, string>): OpenA
       return server(502, "provider_authentication");
     case ErrorCode.PERMISSION_DENIED:
       return new OpenAiApiError(403, message, "permission_error", null, "permission_denied");
+    // The caller's own quota reads as OpenAI's own rate limits do, a request too large for it included.
     case ErrorCode.RATE_LIMITED:
+    case ErrorCode.QUOTA_EXCEEDED:
       return new OpenAiApiError(429, message, "rate_limit_error", null, "rate_limit_exceeded", headers);
     case ErrorCode.OVERLOADED:
       // An open circuit says the provider is down; a full queue asks the client to slow down.

@@ -15,6 +15,9 @@
  * Reads go to the stream leader (`allow_direct` off): a claim is decided by
  * a write that names the revision it read, and a chunk read from a replica
  * that lags would look missing.
+ *
+ * The quota store (../quota/nats.ts) keeps its buckets the same way, in a
+ * key-value bucket of its own (`BucketSettings.what` names it in errors).
  */
 import type * as NatsModule from "nats";
 import type { KV, KvEntry, KvOptions, NatsConnection, QueuedIterator } from "nats";
@@ -48,10 +51,10 @@ const VALUE_HEADROOM_BYTES = 1024;
 /** How long `close` waits for the connection to drain. */
 const DRAIN_TIMEOUT_MS = 2000;
 
-function classify(error: unknown, operation: string): IdempotencyStoreError {
+function classify(error: unknown, store: string, operation: string): IdempotencyStoreError {
   if (error instanceof IdempotencyStoreError) return error;
   const e = errorOf(error) as Error & { api_error?: { err_code?: number; description?: string }; code?: string };
-  const what = `idempotency store ${operation}: ${e.message}`;
+  const what = `${store} ${operation}: ${e.message}`;
   if (e.api_error?.err_code === WRONG_LAST_SEQUENCE) return new IdempotencyStoreError("wrong_revision", what, { cause: e });
   if (e.code === "MAX_PAYLOAD_EXCEEDED" || /maximum (bytes|messages)|size exceeds|insufficient (resources|storage)/i.test(e.api_error?.description ?? e.message)) {
     return new IdempotencyStoreError("full", what, { cause: e });
@@ -63,6 +66,8 @@ function classify(error: unknown, operation: string): IdempotencyStoreError {
 export interface BucketSettings {
   /** Age past which the server drops a value (the bucket's TTL). */
   readonly ttlMs: number;
+  /** What errors call the store ("idempotency store" by default). */
+  readonly what?: string;
 }
 
 /** A key's values as a watch sees them: the current one first, then every change. */
@@ -201,13 +206,17 @@ export class NatsBucket {
     if (!(await settleWithin(nc.drain(), DRAIN_TIMEOUT_MS)) && !nc.isClosed()) await nc.close().catch(() => undefined);
   }
 
+  private get what(): string {
+    return this.settings.what ?? "idempotency store";
+  }
+
   private async op<T>(name: string, run: (kv: KV) => Promise<T>): Promise<T> {
     const kv = this.kv;
-    if (kv === undefined || this.state !== "available") throw new IdempotencyStoreError("unavailable", `idempotency store ${name}: the bucket is not reachable`);
+    if (kv === undefined || this.state !== "available") throw new IdempotencyStoreError("unavailable", `${this.what} ${name}: the bucket is not reachable`);
     try {
       return await run(kv);
     } catch (error) {
-      const failure = classify(error, name);
+      const failure = classify(error, this.what, name);
       if (failure.code === "unavailable") this.lost(failure.message);
       throw failure;
     }
@@ -322,7 +331,7 @@ export class NatsBucket {
     };
     // A lost bucket ends the watch: the server may never send it another entry.
     const onChange = () => {
-      if (!this.available) end(new IdempotencyStoreError("unavailable", "idempotency store watch: the bucket is not reachable"));
+      if (!this.available) end(new IdempotencyStoreError("unavailable", `${this.what} watch: the bucket is not reachable`));
     };
     this.listeners.add(onChange);
     void (async () => {
@@ -331,9 +340,9 @@ export class NatsBucket {
           entries.push(entry);
           wake();
         }
-        end(new IdempotencyStoreError("unavailable", "idempotency store watch: ended"));
+        end(new IdempotencyStoreError("unavailable", `${this.what} watch: ended`));
       } catch (error) {
-        end(classify(error, "watch"));
+        end(classify(error, this.what, "watch"));
       }
     })();
     return {

@@ -120,6 +120,8 @@ interface Call {
   readonly fingerprint: string;
   readonly signal: AbortSignal;
   readonly work: IdempotentWork;
+  /** The caller's ear for how the call is answered (IdempotencyStore.run). */
+  readonly onAnswer: (answer: IdempotencyAnswer) => void;
   /** Whether the call has been counted (once, by how it was first answered). */
   answered: boolean;
 }
@@ -249,13 +251,20 @@ export class NatsIdempotencyStore implements IdempotencyStore {
     await this.bucket.close();
   }
 
-  async run(scope: string, key: string, fingerprint: string, signal: AbortSignal, work: IdempotentWork): Promise<IdempotentResult> {
+  async run(
+    scope: string,
+    key: string,
+    fingerprint: string,
+    signal: AbortSignal,
+    work: IdempotentWork,
+    onAnswer: (answer: IdempotencyAnswer) => void = () => undefined,
+  ): Promise<IdempotentResult> {
     // Keys this process ran (or kept) while the bucket was unreachable are answered from memory.
-    if (this.local.holds(scope, key)) return this.local.run(scope, key, fingerprint, signal, work);
+    if (this.local.holds(scope, key)) return this.local.run(scope, key, fingerprint, signal, work, onAnswer);
     const id = createHash("sha256").update(`${scope}\u0000${key}`).digest("hex");
     const mine = this.running.get(id);
-    if (mine) return this.joinLocal(mine, fingerprint, signal);
-    const call: Call = { scope, key, recordKey: `r.${id}`, id, fingerprint, signal, work, answered: false };
+    if (mine) return this.joinLocal(mine, fingerprint, signal, onAnswer);
+    const call: Call = { scope, key, recordKey: `r.${id}`, id, fingerprint, signal, work, onAnswer, answered: false };
     await this.bucket.started(signal);
     if (signal.aborted) throw cancelledBeforeLookup();
     if (!this.bucket.available) return this.withoutBucket(call);
@@ -271,14 +280,17 @@ export class NatsIdempotencyStore implements IdempotencyStore {
     if (call.answered) return;
     call.answered = true;
     this.observe(answer);
+    call.onAnswer(answer);
   }
 
-  private async joinLocal(run: LocalRun, fingerprint: string, signal: AbortSignal): Promise<IdempotentResult> {
+  private async joinLocal(run: LocalRun, fingerprint: string, signal: AbortSignal, onAnswer: (answer: IdempotencyAnswer) => void): Promise<IdempotentResult> {
     if (run.fingerprint !== fingerprint) {
       this.observe("conflict");
+      onAnswer("conflict");
       throw idempotencyConflict();
     }
     this.observe("joined");
+    onAnswer("joined");
     return { response: await waitForRun(run.result, signal), replayed: true };
   }
 
@@ -286,7 +298,7 @@ export class NatsIdempotencyStore implements IdempotencyStore {
   private async withoutBucket(call: Call): Promise<IdempotentResult> {
     // A refused call ran nothing and replayed nothing: it is not counted.
     if (this.nats.whenUnavailable === "refuse") throw refused(Math.max(this.nats.reconnectWaitMs, 1000));
-    return this.local.run(call.scope, call.key, call.fingerprint, call.signal, call.work);
+    return this.local.run(call.scope, call.key, call.fingerprint, call.signal, call.work, call.onAnswer);
   }
 
   private async shared(call: Call): Promise<IdempotentResult> {

@@ -69,10 +69,12 @@ export type IdempotentWork = () => Promise<ImageResponse>;
  * (scope, key); later calls with the same fingerprint get its result
  * (joining it while it runs), with a different one `idempotency_conflict`.
  * `signal` ends only this caller's wait (`cancelled`), never the work, so a
- * client that drops and retries finds the result.
+ * client that drops and retries finds the result. `onAnswer`, when given,
+ * hears how this call is answered as soon as the store knows it (before a
+ * joined call's wait), so a stream can announce itself.
  */
 export interface IdempotencyStore {
-  run(scope: string, key: string, fingerprint: string, signal: AbortSignal, work: IdempotentWork): Promise<IdempotentResult>;
+  run(scope: string, key: string, fingerprint: string, signal: AbortSignal, work: IdempotentWork, onAnswer?: (answer: IdempotencyAnswer) => void): Promise<IdempotentResult>;
 }
 
 /** The answer to the same key with another request, from every store alike. */
@@ -217,20 +219,31 @@ export class MemoryIdempotencyStore implements IdempotencyStore {
     return this.completedBytes;
   }
 
-  async run(scope: string, key: string, fingerprint: string, signal: AbortSignal, work: IdempotentWork): Promise<IdempotentResult> {
+  async run(
+    scope: string,
+    key: string,
+    fingerprint: string,
+    signal: AbortSignal,
+    work: IdempotentWork,
+    onAnswer: (answer: IdempotencyAnswer) => void = () => undefined,
+  ): Promise<IdempotentResult> {
+    const answer = (how: IdempotencyAnswer) => {
+      this.observe(how);
+      onAnswer(how);
+    };
     const id = entryId(scope, key);
     const existing = this.lookup(id);
     if (existing) {
       if (existing.fingerprint !== fingerprint) {
-        this.observe("conflict");
+        answer("conflict");
         throw idempotencyConflict();
       }
-      this.observe(existing.state === "pending" ? "joined" : "replayed");
+      answer(existing.state === "pending" ? "joined" : "replayed");
       if (existing.state === "completed") return { response: existing.response, replayed: true };
       if (existing.state === "failed") throw existing.error;
       return { response: await waitForRun(existing.result, signal), replayed: true };
     }
-    this.observe("executed");
+    answer("executed");
     this.makeRoom();
     const result = work();
     const entry: Entry = { state: "pending", fingerprint, result };

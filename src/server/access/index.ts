@@ -14,6 +14,7 @@ export { generateKey, isJsonFile, KEY_PREFIX, keyDigest, parseKeysDocument, pars
 export { addKey, removeKey, writeFileAtomic } from "./keys-edit.js";
 export {
   CALLER_NAME,
+  callerLimitsSchema,
   callerNameSchema,
   certificateRuleSchema,
   certificateRulesSchema,
