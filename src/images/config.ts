@@ -2,7 +2,8 @@ import { z } from "zod";
 import { MAX_TIMER_MS } from "../util/index.js";
 import { ERROR_CODES } from "./core/errors.js";
 import { DEFAULT_REQUEST_LIMITS, MAX_OUTPUTS_CEILING, isValidSize } from "./core/validation.js";
-import { callerLimitsSchema, hostPort } from "../server/index.js";
+import { callerLimitsSchema } from "../server/index.js";
+import { checkNatsCredentials, natsCredentialFields, natsReconnectWaitSchema, natsServersSchema } from "../nats/index.js";
 
 const MiB = 1024 * 1024;
 const positive = () => z.number().int().min(1);
@@ -61,21 +62,6 @@ const circuitBreakerSchema = z
   })
   .prefault({});
 
-/** Why `server` is neither `HOST:PORT` nor a `nats://HOST:PORT` URL, or undefined when it is one. */
-function natsServerProblem(server: string): string | undefined {
-  if (!server.includes("://")) return hostPort.safeParse(server).success ? undefined : "expected HOST:PORT or a nats:// URL";
-  let url: URL;
-  try {
-    url = new URL(server);
-  } catch {
-    return "expected HOST:PORT or a nats:// URL";
-  }
-  if (url.protocol !== "nats:" || url.hostname === "") return "expected nats://HOST:PORT";
-  if (url.username !== "" || url.password !== "") return "put credentials in user/pass or token, not in the URL";
-  if ((url.pathname !== "" && url.pathname !== "/") || url.search !== "" || url.hash !== "") return "a nats:// URL has only a host and a port";
-  return undefined;
-}
-
 /**
  * The shared store of idempotency keys (runtime/idempotency-nats.ts): a
  * NATS JetStream key-value bucket every replica uses.
@@ -83,22 +69,10 @@ function natsServerProblem(server: string): string | undefined {
 const idempotencyNatsSchema = z
   .strictObject({
     /** NATS servers, `HOST:PORT` or `nats://HOST:PORT`; the client picks one and fails over to the others. */
-    servers: z
-      .array(
-        z.string().superRefine((server, ctx) => {
-          const problem = natsServerProblem(server);
-          if (problem !== undefined) ctx.addIssue({ code: "custom", message: problem });
-        }),
-      )
-      .min(1)
-      .default(["127.0.0.1:4222"]),
+    servers: natsServersSchema,
     /** Connection name the server shows in its monitoring. */
     name: z.string().min(1).default("mmgate-images-idempotency"),
-    /** Token authentication; not with user/pass. */
-    token: z.string().min(1).optional(),
-    /** User/password authentication; both or neither. */
-    user: z.string().min(1).optional(),
-    pass: z.string().min(1).optional(),
+    ...natsCredentialFields,
     /** The key-value bucket (created when missing, with the settings below; an existing one is used as it is). */
     bucket: z.string().regex(/^[-\w]{1,64}$/, "letters, digits, _ and -").default("mmgate_idempotency"),
     /** Copies of the bucket in a clustered server (1..5), when it is created. */
@@ -116,7 +90,7 @@ const idempotencyNatsSchema = z
     /** How long one key-value operation may take before the store counts as unreachable. */
     requestTimeoutMs: durationMs().default(2000),
     /** Pause between attempts to reconnect to a lost server (and first wait between attempts to reach the bucket). */
-    reconnectWaitMs: z.int().min(0).max(MAX_TIMER_MS).default(1000),
+    reconnectWaitMs: natsReconnectWaitSchema,
     /** How often the replica running a key refreshes its claim. */
     heartbeatMs: durationMs().default(2000),
     /**
@@ -134,10 +108,7 @@ const idempotencyNatsSchema = z
   })
   .prefault({})
   .superRefine((c, ctx) => {
-    if ((c.user === undefined) !== (c.pass === undefined)) {
-      ctx.addIssue({ code: "custom", path: [c.user === undefined ? "user" : "pass"], message: "user and pass go together" });
-    }
-    if (c.token !== undefined && c.user !== undefined) ctx.addIssue({ code: "custom", path: ["token"], message: "token and user/pass exclude each other" });
+    checkNatsCredentials(c, ctx);
     if (c.leaseMs < 3 * c.heartbeatMs) ctx.addIssue({ code: "custom", path: ["leaseMs"], message: "must be at least 3 × heartbeatMs" });
   });
 

@@ -22,6 +22,7 @@
 import type * as NatsModule from "nats";
 import type { KV, KvEntry, KvOptions, NatsConnection, QueuedIterator } from "nats";
 import { backoffDelay, errorOf, interruptibleWait, MAX_TIMER_MS, settleWithin } from "../../util/index.js";
+import { natsConnectionOptions } from "../../nats/index.js";
 import type { IdempotencyNatsConfig } from "../config.js";
 
 /** Stable codes of IdempotencyStoreError. */
@@ -274,19 +275,8 @@ export class NatsBucket {
     natsModule ??= import("nats");
     const nats = await natsModule;
     if (this.nc === undefined || this.nc.isClosed()) {
-      const c = this.config;
-      this.nc = await nats.connect({
-        servers: [...c.servers],
-        name: c.name,
-        timeout: c.connectTimeoutMs,
-        reconnect: true,
-        maxReconnectAttempts: -1,
-        reconnectTimeWait: c.reconnectWaitMs,
-        // A first connection that fails is this loop's to retry, so that the store degrades at once.
-        waitOnFirstConnect: false,
-        ...(c.token === undefined ? {} : { token: c.token }),
-        ...(c.user === undefined ? {} : { user: c.user, pass: c.pass }),
-      });
+      // A first connection that fails is this loop's to retry, so that the store degrades at once.
+      this.nc = await nats.connect(natsConnectionOptions(this.config));
       void this.followStatus(this.nc, nats);
     }
     const nc = this.nc;

@@ -36,7 +36,7 @@ import {
   type RouterEvent,
   type RouterEventJsonErrorCode,
 } from "../../kv/index.js";
-import { hostPort } from "../../server/index.js";
+import { checkNatsCredentials, natsConnectionOptions, natsCredentialFields, natsReconnectWaitSchema, natsServersSchema } from "../../nats/index.js";
 import { errorOf, MAX_TIMER_MS, registeredMetric, settleWithin, whenAborted, WorkSlicer } from "../../util/index.js";
 import { openSpan, SpanKind } from "../../telemetry/index.js";
 import { JetStreamIngest, jetStreamConfigSchema, type JetStreamStats } from "./jetstream.js";
@@ -45,22 +45,6 @@ import { natsSubjectSchema } from "./subject.js";
 /** The default of `maxPendingBytes`: 64 MiB. */
 export const DEFAULT_MAX_PENDING_BYTES = 64 * 1024 * 1024;
 
-/** Why `server` is neither `HOST:PORT` nor a `nats://` URL, or undefined when it is one. */
-function serverProblem(server: string): string | undefined {
-  if (!server.includes("://")) return hostPort.safeParse(server).success ? undefined : "expected HOST:PORT or a nats:// URL";
-  let url: URL;
-  try {
-    url = new URL(server);
-  } catch {
-    return "expected HOST:PORT or a nats:// URL";
-  }
-  if (url.protocol !== "nats:") return "expected a nats:// URL";
-  if (url.hostname === "") return "the URL has no host";
-  if (url.username !== "" || url.password !== "") return "put credentials in user/pass or token, not in the URL";
-  if ((url.pathname !== "" && url.pathname !== "/") || url.search !== "" || url.hash !== "") return "a nats:// URL has only a host and a port";
-  return undefined;
-}
-
 /**
  * Where to subscribe for router events. Every field but `subject` has a
  * default; errors name their field (`servers.0: expected HOST:PORT ...`).
@@ -68,15 +52,7 @@ function serverProblem(server: string): string | undefined {
 export const natsSourceConfigSchema = z
   .strictObject({
     /** NATS servers, `HOST:PORT` or `nats://HOST:PORT`; the client picks one and fails over to the others. */
-    servers: z
-      .array(
-        z.string().superRefine((server, ctx) => {
-          const problem = serverProblem(server);
-          if (problem !== undefined) ctx.addIssue({ code: "custom", message: problem });
-        }),
-      )
-      .min(1)
-      .default(["127.0.0.1:4222"]),
+    servers: natsServersSchema,
     /**
      * Subject the workers publish on; `*` (one token) and `>` (the rest)
      * wildcards are allowed. With `jetstream`, the default subject of a
@@ -97,22 +73,15 @@ export const natsSourceConfigSchema = z
     /** Connection name the server shows in its monitoring. */
     name: z.string().min(1).default("mmgate-relay"),
     /** Pause between attempts to reconnect to a lost server (the client adds up to 100 ms of jitter). */
-    reconnectWaitMs: z.int().min(0).max(MAX_TIMER_MS).default(1000),
+    reconnectWaitMs: natsReconnectWaitSchema,
     /** How long the first connection's handshake may take. */
     connectTimeoutMs: z.int().min(1).max(MAX_TIMER_MS).default(5000),
-    /** Token authentication; not with user/pass. */
-    token: z.string().min(1).optional(),
-    /** User/password authentication; both or neither. */
-    user: z.string().min(1).optional(),
-    pass: z.string().min(1).optional(),
+    ...natsCredentialFields,
     /** Read a JetStream stream (at least once, replayed on start) instead of subscribing to core NATS. Default: absent, core NATS. */
     jetstream: jetStreamConfigSchema.optional(),
   })
   .superRefine((c, ctx) => {
-    if ((c.user === undefined) !== (c.pass === undefined)) {
-      ctx.addIssue({ code: "custom", path: [c.user === undefined ? "user" : "pass"], message: "user and pass go together" });
-    }
-    if (c.token !== undefined && c.user !== undefined) ctx.addIssue({ code: "custom", path: ["token"], message: "token and user/pass exclude each other" });
+    checkNatsCredentials(c, ctx);
     if (c.queue !== undefined && c.jetstream !== undefined) {
       ctx.addIssue({ code: "custom", path: ["queue"], message: "a queue group is for core NATS: with jetstream, every relay reads the whole stream through a durable of its own" });
     }
@@ -371,20 +340,10 @@ export class NatsEventSource {
   }
 
   private connectionOptions(): ConnectionOptions {
-    const c = this.config;
-    return {
-      servers: [...c.servers],
-      name: c.name,
-      timeout: c.connectTimeoutMs,
-      reconnect: true,
-      maxReconnectAttempts: -1,
-      reconnectTimeWait: c.reconnectWaitMs,
-      // A first connection that fails is the supervisor's to retry.
-      waitOnFirstConnect: false,
-      ...(c.token === undefined ? {} : { token: c.token }),
-      ...(c.user === undefined ? {} : { user: c.user, pass: c.pass }),
-    };
+    // A first connection that fails is the supervisor's to retry.
+    return natsConnectionOptions(this.config);
   }
+
 
   private async session(signal: AbortSignal): Promise<void> {
     if (signal.aborted) return;

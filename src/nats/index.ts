@@ -1,0 +1,9 @@
+export {
+  checkNatsCredentials,
+  natsConnectionOptions,
+  natsCredentialFields,
+  natsReconnectWaitSchema,
+  natsServerProblem,
+  natsServersSchema,
+  type NatsConnectionSettings,
+} from "./connection.js";
