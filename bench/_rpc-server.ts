@@ -4,12 +4,18 @@
  *   node --import tsx bench/_rpc-server.ts <kind> <repeat messages> <stream message bytes>
  *
  * Kinds:
- * - host: mmgate's host with its default config (rpc.fastPath on);
- * - host-connect: the same host with rpc.fastPath off, every call through
+ * - host: mmgate's host with its default config (rpc.leanPath on);
+ * - host-connect: the same host with rpc.leanPath off, every call through
  *   connect-node's handler;
  * - host-traced: the host with tracing on, every call sampled, its spans
  *   exported over OTLP/HTTP (protobuf) to BENCH_OTLP_ENDPOINT (the bench's
  *   sink, which discards them);
+ * - host-shim: the host's services and interceptors (its in-process routes,
+ *   ctx.localRoutes) behind connect's universal handlers, fed each
+ *   ServerHttp2Stream directly by a thin shim (bench/_universal-shim.ts)
+ *   on a listener of its own: connect's per-call pipeline without Node's
+ *   HTTP/2 compatibility objects. No RPC observer (no per-call record,
+ *   log line or metrics of the host's), which favours it;
  * - connect: bare connect-node (connectNodeAdapter + http2.createServer);
  * - grpc-js: a bare @grpc/grpc-js server;
  * - http2: a bare node:http2 server answering with precomputed bytes, the
@@ -51,6 +57,8 @@ import { create, createFileRegistry, fromBinary, toBinary } from "@bufbuild/prot
 import type { BytesValue, UInt32Value } from "@bufbuild/protobuf/wkt";
 import { BytesValueSchema, FileDescriptorProtoSchema, file_google_protobuf_wrappers, UInt32ValueSchema } from "@bufbuild/protobuf/wkt";
 import type { ServiceImpl } from "@connectrpc/connect";
+import { createConnectRouter } from "@connectrpc/connect";
+import type { UniversalHandler } from "@connectrpc/connect/protocol";
 import { connectNodeAdapter } from "@connectrpc/connect-node";
 import * as grpc from "@grpc/grpc-js";
 import { pino } from "pino";
@@ -62,6 +70,8 @@ import {
   HealthCheckResponse_ServingStatus,
   HealthCheckResponseSchema,
 } from "../gen/grpc/health/v1/health_pb.js";
+import type { LocalRoutes } from "../src/server/index.js";
+import { universalShim } from "./_universal-shim.js";
 import { frame, writable } from "./_wire.js";
 
 const benchFile = create(FileDescriptorProtoSchema, {
@@ -134,7 +144,7 @@ function benchImpl(r: Replies): Partial<ServiceImpl<typeof BenchRpc>> {
 }
 
 
-async function mmgateHost(r: Replies, fastPath: boolean, traced = false): Promise<string> {
+async function mmgateHost(r: Replies, leanPath: boolean, traced = false): Promise<string> {
   // Loaded here so the bare servers' processes hold no mmgate code.
   const { bindService, defineModule, resolveConfig, startHost } = await import("../src/server/index.js");
   if (traced) {
@@ -152,7 +162,7 @@ async function mmgateHost(r: Replies, fastPath: boolean, traced = false): Promis
     create: () => ({ services: [bindService(BenchRpc, benchImpl(r))] }),
   });
   const config = resolveConfig(
-    { listen: "127.0.0.1:0", adminListen: "", modules: ["bench"], rpc: { fastPath } },
+    { listen: "127.0.0.1:0", adminListen: "", modules: ["bench"], rpc: { leanPath } },
     [benchModule],
   );
   const streamed = toBinary(BytesValueSchema, r.chunk).length;
@@ -161,6 +171,44 @@ async function mmgateHost(r: Replies, fastPath: boolean, traced = false): Promis
   }
   const host = await startHost({ config, modules: [benchModule], logger: pino({ level: "silent" }), version: "bench" });
   return host.address;
+}
+
+/**
+ * The host's services and interceptors on connect's universal handlers,
+ * reached through the thin shim rather than the host's listener: the host
+ * runs (its own listener idle), and a second node:http2 server with the
+ * host's HTTP/2 settings serves its routes, which a module reads from
+ * ctx.localRoutes once they are live.
+ */
+async function hostShim(r: Replies): Promise<string> {
+  const { bindService, defineModule, resolveConfig, startHost } = await import("../src/server/index.js");
+  let local: LocalRoutes | undefined;
+  const benchModule = defineModule({
+    name: "bench",
+    description: "bench-only methods",
+    configSchema: z.object({}),
+    create: (ctx) => ({
+      services: [bindService(BenchRpc, benchImpl(r))],
+      start: () => {
+        local = ctx.localRoutes;
+      },
+    }),
+  });
+  const config = resolveConfig({ listen: "127.0.0.1:0", adminListen: "", modules: ["bench"] }, [benchModule]);
+  await startHost({ config, modules: [benchModule], logger: pino({ level: "silent" }), version: "bench" });
+  if (local === undefined) throw new Error("the bench module did not start");
+  // As the host's adapter has them: its limits and JSON options, no response compression.
+  const router = createConnectRouter({
+    interceptors: local.interceptors(),
+    readMaxBytes: local.readMaxBytes,
+    writeMaxBytes: local.writeMaxBytes,
+    compressMinBytes: Number.MAX_SAFE_INTEGER,
+  });
+  local.routes(router);
+  const handlers = new Map<string, UniversalHandler>(router.handlers.map((h) => [h.requestPath, h]));
+  const server = http2.createServer(HOST_HTTP2);
+  server.on("stream", universalShim(handlers));
+  return listen(server);
 }
 
 /** The host's default HTTP/2 settings, for the bare node:http2 servers. */
@@ -280,6 +328,7 @@ const starts: Record<string, (r: Replies) => Promise<string>> = {
   host: (r) => mmgateHost(r, true),
   "host-connect": (r) => mmgateHost(r, false),
   "host-traced": (r) => mmgateHost(r, true, true),
+  "host-shim": hostShim,
   connect: bareConnect,
   "grpc-js": bareGrpcJs,
   http2: bareHttp2,

@@ -45,7 +45,7 @@
  * BENCH_WARMUP_MS before each (500), BENCH_TOKEN_INTERVAL_MS (the paced
  * run's pause before each token, 5), BENCH_CALLS (calls per in-process
  * passthrough sample, 400), BENCH_IN_FLIGHT (16). MMGATE_* variables reach
- * both server processes (e.g. MMGATE_RPC__FAST_PATH=false); BENCH_CPU_PROF=DIR
+ * both server processes (e.g. MMGATE_RPC__LEAN_PATH=false); BENCH_CPU_PROF=DIR
  * writes each server process's V8 CPU profile there. Exits 1 when a
  * checked call fails. Run: node --import tsx bench/encode-hop.ts
  */

@@ -1,14 +1,18 @@
 /**
  * The RPC host's throughput per call, against peers serving the same
  * methods with the same messages:
- * - host: mmgate's host with its default config (rpc.fastPath on, the lean
+ * - host: mmgate's host with its default config (rpc.leanPath on, the lean
  *   request path for unary and server-streaming gRPC calls);
- * - host-connect: the same host with rpc.fastPath off, every call through
+ * - host-connect: the same host with rpc.leanPath off, every call through
  *   connect-node's handler;
  * - host-traced: the host with OpenTelemetry tracing on, every call sampled
  *   (a server span each), its spans exported over OTLP/HTTP to a sink in
  *   this process that reads and discards them: what tracing costs, next to
  *   `host`, which runs with tracing off (the default);
+ * - host-shim: the host's services and interceptors on connect's universal
+ *   handlers, each ServerHttp2Stream handed to them by a thin shim
+ *   (bench/_universal-shim.ts), without Node's compatibility objects: how
+ *   much of the lean path's lead a shim in front of connect would keep;
  * - connect: bare connect-node (connectNodeAdapter + http2.createServer);
  * - grpc-js: a bare @grpc/grpc-js server;
  * - http2: a bare node:http2 server writing precomputed gRPC frames, the
@@ -105,6 +109,7 @@ const SERVER_NAMES = {
   host: "mmgate host",
   "host-connect": "host, connect path",
   "host-traced": "host, tracing on",
+  "host-shim": "host, universal shim",
   connect: "bare connect-node",
   "grpc-js": "bare @grpc/grpc-js",
   http2: "bare node:http2",
@@ -310,6 +315,8 @@ for (const [wi, w] of workloads.entries()) {
   const pairs: [ServerKind, ServerKind, string?][] = [
     ["host", "grpc-js"],
     ["host", "host-connect"],
+    ["host", "host-shim", "the lean path / connect's universal handlers behind a thin shim"],
+    ["host-shim", "host-connect", "what skipping Node's compatibility layer buys connect's path"],
     ["host", "connect"],
     ["host", "http2"],
     ["host-connect", "connect", "the host's layers on the connect path"],

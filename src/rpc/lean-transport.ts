@@ -1,7 +1,6 @@
 import type { ClientHttp2Stream, IncomingHttpHeaders, OutgoingHttpHeaders } from "node:http2";
 import { constants as h2 } from "node:http2";
 import type { DescMessage, DescMethod, DescMethodStreaming, DescMethodUnary } from "@bufbuild/protobuf";
-import { fromBinary, toBinary } from "@bufbuild/protobuf";
 import type { ContextValues, Interceptor, StreamRequest, StreamResponse, Transport, UnaryRequest, UnaryResponse } from "@connectrpc/connect";
 import { Code, ConnectError, createContextValues } from "@connectrpc/connect";
 import type { Http2SessionManager } from "@connectrpc/connect-node";
@@ -9,8 +8,22 @@ import { compressionBrotli, compressionGzip } from "@connectrpc/connect-node";
 import type { Compression } from "@connectrpc/connect/protocol";
 import { runStreamingCall, runUnaryCall } from "@connectrpc/connect/protocol";
 import { requestHeader, validateResponse, validateTrailer } from "@connectrpc/connect/protocol-grpc";
-import { h2ResetError, serializeChunked, webHeadersOf } from "../server/index.js";
-import { EncodedMessage, encodedResponsesKey } from "../wire/index.js";
+import type { EnvelopeSink } from "../wire/index.js";
+import {
+  byteLengthOf,
+  compressedEnvelopeError,
+  EncodedMessage,
+  encodedResponsesKey,
+  EnvelopeReader,
+  FLAG_COMPRESSED,
+  h2ResetError,
+  incompleteEnvelopeError,
+  parseMessage,
+  serializeMessage,
+  webHeadersOf,
+  writeEnvelope,
+  writeLimitError,
+} from "../wire/index.js";
 
 /**
  * A gRPC client transport for unary and server-streaming calls that talks
@@ -38,11 +51,6 @@ export interface LeanTransportOptions {
   readonly fallback: Transport;
 }
 
-const HEADER_BYTES = 5;
-/** Messages up to this size go out in one buffer with their frame header. */
-const COPY_MAX_BYTES = 16 * 1024;
-/** A top-level bytes field from this size on is written from the caller's buffer. */
-const CHUNKED_MIN_BYTES = 64 * 1024;
 type HeaderInit = ConstructorParameters<typeof Headers>[0];
 
 export function createLeanGrpcTransport(options: LeanTransportOptions): Transport {
@@ -168,7 +176,7 @@ function nodeError(error: unknown): ConnectError {
  * trailers' status. Messages wait in a queue until read; while more than
  * a few wait, the stream is paused, so flow control holds the server back.
  */
-class Exchange {
+class Exchange implements EnvelopeSink {
   readonly header = new Headers();
   readonly trailer = new Headers();
   private readonly queue: (Uint8Array | Compressed)[] = [];
@@ -184,30 +192,23 @@ class Exchange {
   private headerError: ConnectError | undefined;
   /** How compressed frames are decompressed (the response's grpc-encoding). */
   private compression: Compression | undefined;
-  private partHeader: Buffer | undefined;
-  private partFilled = 0;
-  private frame: Uint8Array | undefined;
-  private frameFilled = 0;
+  /** Splits the response body into messages, each checked against readMaxBytes from its header. */
+  private readonly envelopes: EnvelopeReader;
 
   private constructor(
     private readonly stream: ClientHttp2Stream,
     private readonly options: LeanTransportOptions,
     private readonly output: DescMessage,
     private readonly unary: boolean,
-  ) {}
+  ) {
+    this.envelopes = new EnvelopeReader(this, options.readMaxBytes);
+  }
 
   static async open(options: LeanTransportOptions, method: DescMethod, header: Headers, signal: AbortSignal, message: unknown): Promise<Exchange> {
     // A big top-level bytes field goes out from the caller's buffer, not copied (message-chunks.ts).
-    let parts: Uint8Array[];
-    try {
-      parts = serializeChunked(method.input, message as Record<string, unknown>, CHUNKED_MIN_BYTES) ?? [toBinary(method.input, message as never)];
-    } catch (e) {
-      throw new ConnectError(`serialize binary: ${e instanceof Error ? e.message : String(e)}`, Code.Internal);
-    }
-    const length = parts.reduce((sum, p) => sum + p.byteLength, 0);
-    if (length > options.writeMaxBytes) {
-      throw new ConnectError(`message size ${length} is larger than configured writeMaxBytes ${options.writeMaxBytes}`, Code.ResourceExhausted);
-    }
+    const bytes = serializeMessage(method.input, message);
+    const length = byteLengthOf(bytes);
+    if (length > options.writeMaxBytes) throw writeLimitError(length, options.writeMaxBytes);
     signal.throwIfAborted();
     const stream = await options.session.request("POST", `/${method.parent.typeName}/${method.name}`, nodeHeaders(header), {});
     const exchange = new Exchange(stream, options, method.output, method.methodKind === "unary");
@@ -226,18 +227,7 @@ class Exchange {
     // Trailers may arrive in the same read as the headers: listen before waiting.
     stream.once("trailers", (trailers: IncomingHttpHeaders) => webHeadersOf(trailers, exchange.trailer));
     const headers = exchange.responseHeaders();
-    const frameHeader = Buffer.allocUnsafe(HEADER_BYTES);
-    frameHeader[0] = 0;
-    frameHeader.writeUInt32BE(length, 1);
-    if (parts.length === 1 && length <= COPY_MAX_BYTES) {
-      // Small: one buffer, one DATA frame.
-      stream.end(Buffer.concat([frameHeader, parts[0]!]));
-    } else {
-      stream.cork();
-      stream.write(frameHeader);
-      for (let i = 0; i < parts.length - 1; i++) stream.write(parts[i]!);
-      stream.end(parts[parts.length - 1]);
-    }
+    writeEnvelope(stream, bytes, true);
     await headers;
     stream.on("data", (chunk: Buffer) => exchange.data(chunk));
     stream.once("end", () => exchange.end());
@@ -277,72 +267,33 @@ class Exchange {
 
   data(chunk: Buffer): void {
     this.options.session.notifyResponseByteRead(this.stream);
-    let at = 0;
-    while (at < chunk.length && this.failure === undefined) {
-      if (this.frame === undefined) {
-        let flags: number;
-        let length: number;
-        if (this.partFilled === 0 && chunk.length - at >= HEADER_BYTES) {
-          flags = chunk[at]!;
-          length = chunk.readUInt32BE(at + 1);
-          at += HEADER_BYTES;
-        } else {
-          const part = (this.partHeader ??= Buffer.allocUnsafe(HEADER_BYTES));
-          const take = Math.min(HEADER_BYTES - this.partFilled, chunk.length - at);
-          chunk.copy(part, this.partFilled, at, at + take);
-          this.partFilled += take;
-          at += take;
-          if (this.partFilled < HEADER_BYTES) return;
-          this.partFilled = 0;
-          flags = part[0]!;
-          length = part.readUInt32BE(1);
-        }
-        if (length > this.options.readMaxBytes) {
-          this.abort(new ConnectError(`message size ${length} is larger than configured readMaxBytes ${this.options.readMaxBytes}`, Code.ResourceExhausted));
-          return;
-        }
-        this.frameFlags = flags;
-        if (chunk.length - at >= length) {
-          this.push(chunk.subarray(at, at + length));
-          at += length;
-          continue;
-        }
-        this.frame = new Uint8Array(length);
-        this.frameFilled = 0;
-        continue;
-      }
-      const take = Math.min(this.frame.length - this.frameFilled, chunk.length - at);
-      this.frame.set(chunk.subarray(at, at + take), this.frameFilled);
-      this.frameFilled += take;
-      at += take;
-      if (this.frameFilled === this.frame.length) {
-        const done = this.frame;
-        this.frame = undefined;
-        this.push(done);
-      }
-    }
+    if (this.failure === undefined) this.envelopes.push(chunk);
   }
 
-  private frameFlags = 0;
+  /** A message over readMaxBytes: the call fails and the stream is cancelled. */
+  onOversize(error: ConnectError): void {
+    this.abort(error);
+  }
 
-  private push(bytes: Uint8Array): void {
-    if ((this.frameFlags & 0x01) !== 0) {
+  onMessage(flags: number, bytes: Uint8Array): boolean {
+    if ((flags & FLAG_COMPRESSED) !== 0) {
       if (this.compression === undefined) {
-        this.abort(new ConnectError("received compressed envelope, but do not know how to decompress", Code.Internal));
-        return;
+        this.abort(compressedEnvelopeError());
+        return false;
       }
       this.queue.push(new Compressed(bytes));
     } else this.queue.push(bytes);
     // Hold the server back through flow control while the reader lags.
     if (this.queue.length > 16) this.stream.pause();
     this.wake();
+    return this.failure === undefined;
   }
 
   end(): void {
     // A reset can arrive as the end of the stream (Node emits "end" with the code already set).
     const reset = resetError(this.stream.rstCode ?? h2.NGHTTP2_NO_ERROR);
     if (reset !== undefined) this.fail(reset);
-    else if (this.frame !== undefined || this.partFilled > 0) this.fail(new ConnectError("protocol error: incomplete envelope", Code.InvalidArgument));
+    else if (this.envelopes.partial) this.fail(incompleteEnvelopeError());
     this.ended = true;
     this.wake();
   }
@@ -400,11 +351,7 @@ class Exchange {
   }
 
   private parse(bytes: Uint8Array): unknown {
-    try {
-      return fromBinary(this.output, bytes);
-    } catch (e) {
-      throw new ConnectError(`parse binary: ${e instanceof Error ? e.message : String(e)}`, Code.Internal);
-    }
+    return parseMessage(this.output, bytes);
   }
 
   /** A unary call's one message, with connect's checks of a status the headers carried. */

@@ -13,10 +13,10 @@ import { callInterceptor } from "./call-interceptor.js";
 import type { MmgateConfig } from "./config/index.js";
 import { splitHostPort } from "./config/index.js";
 import { CorsPolicy } from "./cors.js";
-import { FastPath } from "./fast-path.js";
 import { Health } from "./health.js";
 import { HttpRequestMetrics, HttpRouteTable } from "./http-routes.js";
 import { jsonOptions } from "./json-options.js";
+import { LeanPath } from "./lean/index.js";
 import type { Listener, NodeRequest, NodeResponse, RequestHandler } from "./listener.js";
 import type { RpcMetrics } from "./metrics.js";
 import type { ErrorMapper, HostStatusDecorator, HttpRoute, LocalRoutes } from "./module.js";
@@ -143,7 +143,7 @@ function releaseUnreadRequest(req: NodeRequest, res: NodeResponse): void {
  */
 function routeStreams(
   server: http2.Http2Server | http2.Http2SecureServer,
-  fastPath: FastPath,
+  leanPath: LeanPath,
   passOn: (headers: http2.IncomingHttpHeaders) => boolean,
   onError: (err: unknown) => void,
 ): boolean {
@@ -154,7 +154,7 @@ function routeStreams(
   server.on("stream", (stream: http2.ServerHttp2Stream, headers: http2.IncomingHttpHeaders, flags: number, rawHeaders: string[]) => {
     let taken: boolean;
     try {
-      taken = !passOn(headers) && fastPath.serve(stream, headers);
+      taken = !passOn(headers) && leanPath.serve(stream, headers);
     } catch (err) {
       // Nothing one request carries may reach the uncaught-exception handler.
       onError(err);
@@ -291,7 +291,7 @@ export class Dispatch {
     const routing: Routing = { adapter, cors, httpRoutes, httpMetrics, refusedRequests, listener };
     this.routing = routing;
     this.handle = (req, res) => this.route(routing, req, res);
-    if (config.rpc.fastPath) this.routeLeanPath(table.services, interceptors, routing);
+    if (config.rpc.leanPath) this.routeLeanPath(table.services, interceptors, routing);
     this.liveRoutes = registerRoutes;
     this.liveInterceptors = interceptors;
   }
@@ -415,11 +415,11 @@ export class Dispatch {
     routing.adapter(req, res);
   }
 
-  /** Puts the lean path in front of the HTTP/2 compatibility layer (`rpc.fastPath`). */
+  /** Puts the lean path in front of the HTTP/2 compatibility layer (`rpc.leanPath`). */
   private routeLeanPath(services: readonly RoutedService[], interceptors: Interceptor[], routing: Routing): void {
     const { config, logger, metrics, observer, signals, tls } = this.options;
     const compressMinBytes = config.rpc.responseCompressionMinBytes;
-    const fastPath = new FastPath({
+    const leanPath = new LeanPath({
       interceptors,
       observer,
       taken: metrics.leanPathCalls,
@@ -432,12 +432,12 @@ export class Dispatch {
       declineCompressible: compressMinBytes > 0,
     });
     // A service with a receive limit of its own is left to connect, which applies it.
-    for (const s of services) if (s.readMaxBytes === undefined) fastPath.addService(s.service, s.implementation);
+    for (const s of services) if (s.readMaxBytes === undefined) leanPath.addService(s.service, s.implementation);
     // A browser's call gets its CORS headers from the compatibility layer.
     // A refused authority is answered there too.
     const passOn = (headers: http2.IncomingHttpHeaders) => (routing.cors.enabled && headers["origin"] !== undefined) || !this.hosts.check(headers).ok;
     const onError = (err: unknown) => logger.error({ err }, "request handling failed");
-    if (!routeStreams(routing.listener.server, fastPath, passOn, onError)) {
+    if (!routeStreams(routing.listener.server, leanPath, passOn, onError)) {
       logger.warn("this Node.js does not let the lean request path take HTTP/2 streams: every call goes through connect");
     }
   }

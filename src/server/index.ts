@@ -27,10 +27,7 @@ export { Access } from "./auth.js";
 export { codeName, requestIdOf } from "./rpc-observer.js";
 export { callTransportOf, directMessagesOf, pacedWritesOf, type CallTransport, type DirectMessages } from "./call-transport.js";
 export { PacedWrites } from "./paced-writes.js";
-export { serializeChunked } from "./message-chunks.js";
 export { preEncode, preEncodedEnvelope, writesBinary } from "./pre-encoded.js";
-export { h2ResetError } from "./h2-reset.js";
-export { webHeadersOf } from "./h2-headers.js";
 export { callerKey, callerLabelKey, type Caller, type CallerLabel, type CallerLimits } from "./caller.js";
 export {
   addKey,

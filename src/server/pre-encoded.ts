@@ -2,6 +2,7 @@ import type { DescMessage, MessageShape } from "@bufbuild/protobuf";
 import { create, toBinary } from "@bufbuild/protobuf";
 import type { WireType } from "@bufbuild/protobuf/wire";
 import type { HandlerContext } from "@connectrpc/connect";
+import { encodeEnvelope, ENVELOPE_HEADER_BYTES } from "../wire/index.js";
 
 /**
  * Messages serialized once and written as they are to many calls: a relay
@@ -13,7 +14,7 @@ import type { HandlerContext } from "@connectrpc/connect";
  * first tag, behind that tag), so that serializing it, as connect's
  * transport does, writes exactly the bytes of the original and encodes no
  * field; and which carries the whole gRPC length-prefixed message, which the
- * lean path (fast-path.ts) writes to the stream as it is, copying nothing.
+ * lean path (lean/grpc.ts) writes to the stream as it is, copying nothing.
  * A stand-in reads as an empty message: only a handler whose call writes
  * protobuf binary messages of that type may return it (`writesBinary`).
  */
@@ -29,15 +30,12 @@ interface PreEncoded {
 /** A stand-in for `message` that serializes to the same bytes without encoding a field (see above). */
 export function preEncode<Desc extends DescMessage>(desc: Desc, message: MessageShape<Desc>): MessageShape<Desc> {
   const body = toBinary(desc, message);
-  const envelope = Buffer.allocUnsafe(5 + body.byteLength);
-  envelope[0] = 0;
-  envelope.writeUInt32BE(body.byteLength, 1);
-  envelope.set(body, 5);
+  const envelope = encodeEnvelope(body);
   const carrier = create(desc) as MessageShape<Desc> & { $unknown?: { no: number; wireType: WireType; data: Uint8Array }[] };
   if (body.byteLength > 0) {
     // protobuf-es writes an unknown field as its tag, then its data as it is: the first tag, then everything after it.
     const { fieldNo, wireType, end } = firstTag(body);
-    carrier.$unknown = [{ no: fieldNo, wireType, data: envelope.subarray(5 + end) }];
+    carrier.$unknown = [{ no: fieldNo, wireType, data: envelope.subarray(ENVELOPE_HEADER_BYTES + end) }];
   }
   const pre: PreEncoded = Object.freeze({ typeName: desc.typeName, envelope });
   Object.defineProperty(carrier, PRE_ENCODED, { value: pre });

@@ -8,7 +8,7 @@ import type { ContextValues } from "@connectrpc/connect";
 import { codeFromHttpStatus, codeToString } from "@connectrpc/connect/protocol-connect";
 import type { Logger } from "pino";
 import type { MethodMetrics, RpcMetrics, RpcType } from "./metrics.js";
-import { isConnectionHeader } from "./h2-headers.js";
+import { isConnectionHeader } from "../wire/index.js";
 import { StatusSniffer, bodyStatusFormat } from "./status-sniffer.js";
 
 /** What the host learns about one RPC while it runs. */

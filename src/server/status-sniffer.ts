@@ -1,5 +1,7 @@
 import { Code } from "@connectrpc/connect";
 import { codeFromString } from "@connectrpc/connect/protocol-connect";
+import type { EnvelopeSink } from "../wire/index.js";
+import { EnvelopeReader, FLAG_COMPRESSED, FLAG_END_STREAM, FLAG_TRAILERS } from "../wire/index.js";
 
 /** Largest trailer or error body kept for reading the status. */
 const MAX_CAPTURE_BYTES = 64 * 1024;
@@ -23,18 +25,15 @@ export function bodyStatusFormat(contentType: string | undefined): BodyStatusFor
  * body. Only envelope headers are parsed; payloads are skipped unless they
  * are the small status frame itself.
  */
-export class StatusSniffer {
-  private header = new Uint8Array(5);
-  private headerFilled = 0;
-  private remaining = 0;
-  private capturing: Uint8Array[] | undefined;
-  private captured = 0;
-  private flags = 0;
+export class StatusSniffer implements EnvelopeSink {
+  private readonly envelopes: EnvelopeReader | undefined;
   private statusFrame: Uint8Array | undefined;
   private readonly unaryBody: Uint8Array[] = [];
   private unaryBytes = 0;
 
-  constructor(private readonly format: BodyStatusFormat) {}
+  constructor(private readonly format: BodyStatusFormat) {
+    if (format === "grpc-web" || format === "connect-stream") this.envelopes = new EnvelopeReader(this);
+  }
 
   /** Whether response bytes need to pass through `write`. */
   get watchesBody(): boolean {
@@ -50,46 +49,23 @@ export class StatusSniffer {
       }
       return;
     }
-    let at = 0;
-    while (at < chunk.length) {
-      if (this.remaining === 0 && this.capturing === undefined) {
-        const take = Math.min(5 - this.headerFilled, chunk.length - at);
-        this.header.set(chunk.subarray(at, at + take), this.headerFilled);
-        this.headerFilled += take;
-        at += take;
-        if (this.headerFilled < 5) return;
-        this.headerFilled = 0;
-        this.flags = this.header[0]!;
-        this.remaining = new DataView(this.header.buffer).getUint32(1);
-        const isStatus = this.format === "grpc-web" ? (this.flags & 0x80) !== 0 : (this.flags & 0x02) !== 0;
-        if (isStatus && this.remaining <= MAX_CAPTURE_BYTES) {
-          this.capturing = [];
-          this.captured = 0;
-        }
-        if (this.remaining === 0) this.endFrame();
-        continue;
-      }
-      const take = Math.min(this.remaining, chunk.length - at);
-      this.capturing?.push(chunk.subarray(at, at + take));
-      this.captured += take;
-      this.remaining -= take;
-      at += take;
-      if (this.remaining === 0) this.endFrame();
-    }
+    this.envelopes!.push(chunk);
   }
 
-  private endFrame(): void {
-    if (this.capturing === undefined) return;
-    const frame = new Uint8Array(this.captured);
-    let at = 0;
-    for (const part of this.capturing) {
-      frame.set(part, at);
-      at += part.length;
-    }
-    this.capturing = undefined;
-    // A compressed status frame (flag 0x01) is not decoded here.
-    if ((this.flags & 0x01) === 0) this.statusFrame = frame;
+  /** Takes the status frame, when it is small enough to keep; every other message is skipped. */
+  wantsMessage(flags: number, length: number): boolean {
+    const isStatus = this.format === "grpc-web" ? (flags & FLAG_TRAILERS) !== 0 : (flags & FLAG_END_STREAM) !== 0;
+    return isStatus && length <= MAX_CAPTURE_BYTES;
   }
+
+  onMessage(flags: number, payload: Uint8Array): boolean {
+    // A compressed status frame is not decoded here. A copy: the writer's buffer is not the sniffer's to keep.
+    if ((flags & FLAG_COMPRESSED) === 0) this.statusFrame = new Uint8Array(payload);
+    return true;
+  }
+
+  /** Never called: the sniffer sets no size limit. */
+  onOversize(): void {}
 
   /**
    * The status the body carried, if it carried one; 0 for OK. `httpStatus`

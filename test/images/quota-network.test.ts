@@ -78,8 +78,8 @@ function errorDetailOf(error: grpc.ServiceError): pb.ErrorDetail {
 const grpcRefusal = (work: Promise<unknown>) => expectRejection<grpc.ServiceError>(work, { code: grpc.status.RESOURCE_EXHAUSTED });
 const connectRefusal = (work: Promise<unknown>) => expectRejection<ConnectError>(work, { type: ConnectError, code: Code.ResourceExhausted });
 
-for (const fastPath of [true, false]) {
-  const label = fastPath && !connectPathOnly ? "lean path" : "connect path";
+for (const leanPath of [true, false]) {
+  const label = leanPath && !connectPathOnly ? "lean path" : "connect path";
   const tag = label.replace(" ", "-");
 
   describe(`images: per-key quotas over the network (${label})`, function () {
@@ -96,7 +96,7 @@ for (const fastPath of [true, false]) {
       await writeFile(file, KEYS_FILE);
       server = await startServer({
         modules: [defineImagesModule({ quotaClock: clock.now })],
-        config: { auth: { keysFile: file }, rpc: { fastPath }, images: IMAGES },
+        config: { auth: { keysFile: file }, rpc: { leanPath }, images: IMAGES },
       });
       grpcClient = server.grpcClient(PROTO, SERVICE);
       images = createClient(ImageService, server.transport);

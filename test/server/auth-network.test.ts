@@ -83,8 +83,8 @@ function bearer(key: string): grpc.Metadata {
 
 const auth = (key: string) => ({ headers: { authorization: `Bearer ${key}` } });
 
-for (const fastPath of [true, false]) {
-  const label = fastPath && !connectPathOnly ? "lean path" : "connect path";
+for (const leanPath of [true, false]) {
+  const label = leanPath && !connectPathOnly ? "lean path" : "connect path";
 
   describe(`auth over the network: keys and scopes (${label})`, function () {
     this.timeout(30_000);
@@ -100,7 +100,7 @@ for (const fastPath of [true, false]) {
       dir = await mkdtemp(join(tmpdir(), "mmgate-auth-net-"));
       file = join(dir, "keys.yaml");
       await writeFile(file, keysYaml(START_KEYS));
-      server = await startServer({ modules: [imagesStub(seen)], config: { auth: { keysFile: file }, rpc: { fastPath } }, logLines: lines });
+      server = await startServer({ modules: [imagesStub(seen)], config: { auth: { keysFile: file }, rpc: { leanPath } }, logLines: lines });
       admin = server.grpcClient("mmgate/admin/v1/admin.proto", "mmgate.admin.v1.AdminService");
       transport = server.transport;
     });

@@ -49,12 +49,12 @@ const module = defineModule({
   }),
 });
 
-for (const fastPath of [true, false]) {
-  describe(`forbidden headers and unencodable messages (rpc.fastPath ${fastPath})`, () => {
+for (const leanPath of [true, false]) {
+  describe(`forbidden headers and unencodable messages (rpc.leanPath ${leanPath})`, () => {
     let server: InProcessServer;
     let client: Client<typeof ShapesService>;
     before(async () => {
-      server = await startServer({ modules: [module], config: { rpc: { fastPath } } });
+      server = await startServer({ modules: [module], config: { rpc: { leanPath } } });
       client = createClient(ShapesService, server.transport);
     });
     after(() => server.close());

@@ -477,9 +477,9 @@ describe("CORS on the gRPC port", () => {
     expect(refused.headers.get("access-control-allow-origin")).to.equal(null);
   });
 
-  for (const fastPath of [true, false]) {
-    it(`puts the CORS headers on calls from an allowed origin over HTTP/1.1 and HTTP/2 (rpc.fastPath ${fastPath})`, async () => {
-      server = await startServer({ config: { cors: { allowedOrigins: ["*"] }, rpc: { fastPath } } });
+  for (const leanPath of [true, false]) {
+    it(`puts the CORS headers on calls from an allowed origin over HTTP/1.1 and HTTP/2 (rpc.leanPath ${leanPath})`, async () => {
+      server = await startServer({ config: { cors: { allowedOrigins: ["*"] }, rpc: { leanPath } } });
       const viaHttp1 = await fetch(`${server.baseUrl}/grpc.health.v1.Health/Check`, {
         method: "POST",
         headers: { origin: "https://any.example", "content-type": "application/json" },

@@ -1,7 +1,7 @@
 /**
- * The host's lean request path (src/server/fast-path.ts) against connect's
+ * The host's lean request path (src/server/lean/) against connect's
  * gRPC handler: two hosts serve the same test module, one with
- * `rpc.fastPath: true` and one with it off, and every request of the table
+ * `rpc.leanPath: true` and one with it off, and every request of the table
  * goes to both, byte for byte, over a raw HTTP/2 client. What comes back
  * (status, headers, DATA bytes, trailers, how the stream ended) must be the
  * same once the date, the request id and request ids quoted in messages are
@@ -1077,8 +1077,8 @@ const connectRows: ConnectRow[] = [
   const limits = { maxReceiveMessageBytes: 1024, maxSendMessageBytes: 5 * MiB, maxTimeoutMs: 60_000 };
   before(async () => {
     [lean, connect] = await Promise.all([
-      startServer({ modules: [leanModule("lean")], config: { rpc: { fastPath: true }, limits, auth: { token: TOKEN } } }),
-      startServer({ modules: [leanModule("connect")], config: { rpc: { fastPath: false }, limits, auth: { token: TOKEN } } }),
+      startServer({ modules: [leanModule("lean")], config: { rpc: { leanPath: true }, limits, auth: { token: TOKEN } } }),
+      startServer({ modules: [leanModule("connect")], config: { rpc: { leanPath: false }, limits, auth: { token: TOKEN } } }),
     ]);
   });
   after(async () => {
@@ -1218,7 +1218,7 @@ const connectRows: ConnectRow[] = [
 (connectPathOnly ? describe.skip : describe)("lean path with response compression on (rpc.responseCompressionMinBytes)", () => {
   let server: InProcessServer;
   before(async () => {
-    server = await startServer({ modules: [leanModule("compressing")], config: { rpc: { fastPath: true, responseCompressionMinBytes: 1024 } } });
+    server = await startServer({ modules: [leanModule("compressing")], config: { rpc: { leanPath: true, responseCompressionMinBytes: 1024 } } });
   });
   after(async () => {
     await server?.close();
@@ -1294,16 +1294,16 @@ function grpcError(err: unknown): grpc.ServiceError {
   return err as grpc.ServiceError;
 }
 
-for (const fastPath of [true, false]) {
+for (const leanPath of [true, false]) {
   /** Whether this host's calls really take the lean path (the env may force connect). */
-  const leanOn = fastPath && !connectPathOnly;
-  const label = `behaviour-${fastPath ? "lean" : "connect"}`;
-  describe(`lean path behaviour, rpc.fastPath ${fastPath}${fastPath && connectPathOnly ? " (forced off by MMGATE_TEST_RPC_PATH=connect)" : ""}`, () => {
+  const leanOn = leanPath && !connectPathOnly;
+  const label = `behaviour-${leanPath ? "lean" : "connect"}`;
+  describe(`lean path behaviour, rpc.leanPath ${leanPath}${leanPath && connectPathOnly ? " (forced off by MMGATE_TEST_RPC_PATH=connect)" : ""}`, () => {
     let server: InProcessServer;
     let client: grpc.Client;
     const logLines: string[] = [];
     before(async () => {
-      server = await startServer({ modules: [leanModule(label)], config: { rpc: { fastPath }, auth: { token: TOKEN } }, logLines });
+      server = await startServer({ modules: [leanModule(label)], config: { rpc: { leanPath }, auth: { token: TOKEN } }, logLines });
       client = new grpc.Client(server.addr, grpc.credentials.createInsecure());
     });
     after(async () => {
@@ -1383,7 +1383,7 @@ for (const fastPath of [true, false]) {
     it("a deadline past a Node timer's range (grpc-timeout 99999999H, about 11,400 years) is held, not fired at once", async function () {
       // connect's handler arms a plain timer for it, which Node fires after 1 ms (its delay overflows):
       // there the handler's signal aborts at once. The lean path arms none past the range.
-      if (!fastPath || connectPathOnly) this.skip();
+      if (!leanPath || connectPathOnly) this.skip();
       const res = await rawH2(server.addr, { headers: grpcHeaders(UNARY, { "grpc-timeout": "99999999H" }), body: frame("sleep:50:far-deadline") });
       expect(grpcStatusOf(res)).to.equal("0");
       expect(eventsOf(label, "far-deadline")).to.deep.equal(["slept"]);
@@ -1520,7 +1520,7 @@ for (const fastPath of [true, false]) {
     });
 
     it("a call still sending its request when the host starts draining gets UNAVAILABLE \"server is shutting down\"", async () => {
-      const draining = await startServer({ modules: [leanModule(`${label}-drain`)], config: { rpc: { fastPath } } });
+      const draining = await startServer({ modules: [leanModule(`${label}-drain`)], config: { rpc: { leanPath } } });
       const session = await connectH2(draining.addr);
       try {
         const leanBefore = await leanCalls(draining);

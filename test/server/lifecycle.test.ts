@@ -506,5 +506,28 @@ describe("host: module lifecycle v2", () => {
       const listed = loadConfig({ env: { MMGATE_MODULES: "shapes" } }, [relayLike, shapesModule]);
       expect(listed.modules).to.deep.equal(["shapes"]);
     });
+
+    it("takes the old `rpc.fastPath` key and MMGATE_RPC__FAST_PATH with a warning", () => {
+      const dir = mkdtempSync(join(tmpdir(), "mmgate-config-"));
+      const file = join(dir, "old.yaml");
+      writeFileSync(file, "rpc:\n  fastPath: false\n");
+      try {
+        const warnings: string[] = [];
+        expect(loadConfig({ file, onWarning: (w) => warnings.push(w) }, []).rpc.leanPath).to.equal(false);
+        expect(warnings).to.deep.equal([`"rpc.fastPath" in ${file} is the old name of "rpc.leanPath"; it still works`]);
+        warnings.length = 0;
+        expect(loadConfig({ env: { MMGATE_RPC__FAST_PATH: "false" }, onWarning: (w) => warnings.push(w) }, []).rpc.leanPath).to.equal(false);
+        expect(warnings).to.deep.equal(["MMGATE_RPC__FAST_PATH is the old name of MMGATE_RPC__LEAN_PATH; it still works"]);
+        // The new name wins over the old one in the same source, and a later source's old name over an earlier new one.
+        warnings.length = 0;
+        expect(loadConfig({ env: { MMGATE_RPC__FAST_PATH: "false", MMGATE_RPC__LEAN_PATH: "true" }, onWarning: (w) => warnings.push(w) }, []).rpc.leanPath).to.equal(true);
+        expect(warnings).to.deep.equal(["both MMGATE_RPC__LEAN_PATH and its old name MMGATE_RPC__FAST_PATH are set; MMGATE_RPC__FAST_PATH is ignored"]);
+        writeFileSync(file, "rpc:\n  leanPath: false\n");
+        expect(loadConfig({ file, env: { MMGATE_RPC__FAST_PATH: "true" } }, []).rpc.leanPath).to.equal(true);
+        expect(loadConfig({ env: {} }, []).rpc.leanPath).to.equal(true);
+      } finally {
+        rmSync(dir, { recursive: true, force: true });
+      }
+    });
   });
 });

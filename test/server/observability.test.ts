@@ -68,14 +68,14 @@ function finished(lines: string[], method: string): RpcLine[] {
 const metricValue = (server: InProcessServer, name: string, labels: Record<string, string>): Promise<number> =>
   metricValueOf(server.host.metrics.registry, name, labels);
 
-for (const fastPath of [true, false]) {
-  describe(`observability (rpc.fastPath ${fastPath})`, () => {
+for (const leanPath of [true, false]) {
+  describe(`observability (rpc.leanPath ${leanPath})`, () => {
     let server: InProcessServer;
     let lines: string[];
 
     beforeEach(async () => {
       lines = [];
-      server = await startServer({ modules: [module], config: { rpc: { fastPath } }, logLines: lines });
+      server = await startServer({ modules: [module], config: { rpc: { leanPath } }, logLines: lines });
     });
     afterEach(() => server.close());
 

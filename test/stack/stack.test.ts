@@ -33,7 +33,7 @@ describe("stack: the whole stack on one machine", function () {
     requireEtcd(this);
     requireNats(this);
     dir = mkdtempSync(join(tmpdir(), "mmgate-stack-"));
-    stack = await startStack({ dir, workers: 2, tls: true, env: connectPathOnly ? { MMGATE_RPC__FAST_PATH: "false" } : {} });
+    stack = await startStack({ dir, workers: 2, tls: true, env: connectPathOnly ? { MMGATE_RPC__LEAN_PATH: "false" } : {} });
     ca = readFileSync(stack.caFile);
   });
   after(async () => {

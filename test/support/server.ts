@@ -160,7 +160,7 @@ export async function startServer(options: StartOptions = {}): Promise<InProcess
     adminListen: "127.0.0.1:0",
     modules: modules.map((m) => m.name),
     ...given,
-    ...(connectPathOnly ? { rpc: { ...(given["rpc"] as object | undefined), fastPath: false } } : {}),
+    ...(connectPathOnly ? { rpc: { ...(given["rpc"] as object | undefined), leanPath: false } } : {}),
   };
   const config = resolveConfig(raw, modules);
   const lines = options.logLines;
@@ -201,7 +201,7 @@ export async function startChildServer(args: string[] = [], env: Record<string, 
     [...nodeArgs, `${repoRoot}bin/mmgate.js`, "serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", ...args],
     {
       cwd: repoRoot,
-      env: { ...process.env, ...(connectPathOnly ? { MMGATE_RPC__FAST_PATH: "false" } : {}), ...env },
+      env: { ...process.env, ...(connectPathOnly ? { MMGATE_RPC__LEAN_PATH: "false" } : {}), ...env },
       stdio: ["ignore", "pipe", "pipe"],
     },
   );

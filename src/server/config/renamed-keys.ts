@@ -9,6 +9,8 @@
 export const RENAMED_KEYS: readonly { readonly old: string; readonly now: string }[] = Object.freeze([
   // `services` held module names from the start.
   { old: "services", now: "modules" },
+  // Named as the lean request path is everywhere else: its code, its metric, the client's `leanPath`.
+  { old: "rpc.fastPath", now: "rpc.leanPath" },
 ]);
 
 /** One source's values as the renaming sees them: by dotted key path, named as the source spells them. */

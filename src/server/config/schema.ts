@@ -88,7 +88,7 @@ export const hostConfigSchema = z.strictObject({
        * fraction of the per-call cost); false sends every call through
        * connect's handler.
        */
-      fastPath: z.boolean().default(true),
+      leanPath: z.boolean().default(true),
       /**
        * Compress responses of at least this many bytes when the client
        * accepts gzip or br; 0 (the default) never compresses them. Tensors

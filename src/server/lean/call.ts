@@ -1,30 +1,24 @@
 import type { IncomingHttpHeaders, OutgoingHttpHeaders, ServerHttp2Stream } from "node:http2";
 import { constants } from "node:http2";
 import type { DescMessage, DescMethod, DescService } from "@bufbuild/protobuf";
-import { create, isMessage, toBinary } from "@bufbuild/protobuf";
+import { create, isMessage } from "@bufbuild/protobuf";
 import type { ContextKey, ContextValues, HandlerContext, Interceptor, StreamRequest, StreamResponse, UnaryRequest, UnaryResponse } from "@connectrpc/connect";
 import { Code, ConnectError } from "@connectrpc/connect";
 import type { createMethodSerializationLookup } from "@connectrpc/connect/protocol";
-import { MAX_TIMER_MS } from "../util/index.js";
-import { EncodedMessage } from "../wire/index.js";
-import { serializeChunked } from "./message-chunks.js";
-import { isConnectionHeader, webHeadersOf } from "./h2-headers.js";
-import { h2ResetError } from "./h2-reset.js";
-import { setPeerCertificate } from "./peer-certificate.js";
-import type { ObservedCall, RpcObserver } from "./rpc-observer.js";
-import { rpcRecordKey } from "./rpc-observer.js";
+import { MAX_TIMER_MS } from "../../util/index.js";
+import { byteLengthOf, EncodedMessage, h2ResetError, isConnectionHeader, serializeMessage, webHeadersOf, writeLimitError } from "../../wire/index.js";
+import { setPeerCertificate } from "../peer-certificate.js";
+import type { ObservedCall, RpcObserver } from "../rpc-observer.js";
+import { rpcRecordKey } from "../rpc-observer.js";
 
 /**
  * What every call of the host's lean request path shares, whatever its
- * protocol (fast-path.ts: gRPC, fast-path-connect.ts: Connect unary): the
+ * protocol (grpc.ts: gRPC, connect.ts: Connect unary): the
  * request and response objects interceptors see, the HandlerContext the
  * method gets, its lazy signal, headers and deadline, the observer's
  * record, and the stream listeners. A protocol's call adds how the request
  * body is read and how the answer is written.
  */
-
-/** A top-level bytes field from this size on is sent from the handler's buffer, not copied (message-chunks.ts). */
-const CHUNKED_MIN_BYTES = 64 * 1024;
 
 /** A ServiceImpl method, bound to its implementation. */
 export type Impl = (input: unknown, ctx: HandlerContext) => unknown;
@@ -37,7 +31,7 @@ export interface Route {
   connect?: ReturnType<typeof createMethodSerializationLookup>;
 }
 
-export interface FastPathOptions {
+export interface LeanPathOptions {
   readonly interceptors: readonly Interceptor[];
   readonly observer: RpcObserver;
   /** Counts the calls taken. */
@@ -56,9 +50,9 @@ export interface FastPathOptions {
   readonly declineCompressible: boolean;
 }
 
-/** What a call needs of the FastPath that took it. */
+/** What a call needs of the LeanPath that took it. */
 export interface CallHost {
-  readonly options: FastPathOptions;
+  readonly options: LeanPathOptions;
   chainFor(route: Route): (req: UnaryRequest | StreamRequest) => Promise<unknown>;
 }
 
@@ -71,7 +65,7 @@ export class SingleInput implements AsyncIterable<unknown> {
 }
 
 /** Tags a call's request and response objects (copied along when an interceptor spreads them), and its stream. */
-const callKey = Symbol("mmgate.fastPathCall");
+const callKey = Symbol("mmgate.leanCall");
 type Tagged = { [callKey]?: LeanCall };
 
 /** The innermost step of the interceptor chain: the method itself, as connect invokes it. */
@@ -458,29 +452,11 @@ export abstract class LeanCall implements HandlerContext {
 
   /** The message's binary bytes: one buffer, or (a big top-level bytes field) chunks that concatenate to it; errors as connect's. */
   protected serializeBinary(message: unknown): Uint8Array | Uint8Array[] {
-    let bytes: Uint8Array | Uint8Array[];
-    let length: number;
-    try {
-      if (message instanceof EncodedMessage) {
-        bytes = message.bytes;
-        length = bytes.byteLength;
-      } else {
-        const chunks = serializeChunked(this.method.output, message as Record<string, unknown>, CHUNKED_MIN_BYTES);
-        if (chunks === undefined) {
-          bytes = toBinary(this.method.output, message as never);
-          length = bytes.byteLength;
-        } else {
-          bytes = chunks;
-          length = chunks.reduce((sum, c) => sum + c.byteLength, 0);
-        }
-      }
-    } catch (e) {
-      throw new ConnectError(`serialize binary: ${e instanceof Error ? e.message : String(e)}`, Code.Internal);
-    }
+    // A relayed encoding is written as it is.
+    const bytes = message instanceof EncodedMessage ? message.bytes : serializeMessage(this.method.output, message);
+    const length = byteLengthOf(bytes);
     const max = this.path.options.writeMaxBytes;
-    if (length > max) {
-      throw new ConnectError(`message size ${length} is larger than configured writeMaxBytes ${max}`, Code.ResourceExhausted);
-    }
+    if (length > max) throw writeLimitError(length, max);
     return bytes;
   }
 

@@ -3,7 +3,7 @@ import { create, createFileRegistry, fromBinary, toBinary } from "@bufbuild/prot
 import type { DescMessage } from "@bufbuild/protobuf";
 import { BytesValueSchema, FileDescriptorProtoSchema, FieldDescriptorProto_Label, FieldDescriptorProto_Type } from "@bufbuild/protobuf/wkt";
 import { FilterUpdateSchema } from "../../gen/dynamo/kvrelay/v1/relay_pb.js";
-import { serializeChunked } from "../../src/server/message-chunks.js";
+import { serializeChunked } from "../../src/wire/message-chunks.js";
 
 const { BYTES: TYPE_BYTES, UINT64: TYPE_UINT64, STRING: TYPE_STRING } = FieldDescriptorProto_Type;
 const OPTIONAL = FieldDescriptorProto_Label.OPTIONAL;

@@ -12,11 +12,12 @@ import {
   parseTimeout,
   trailerMux,
 } from "@connectrpc/connect/protocol-connect";
-import type { CallHost, FastPathOptions, Route } from "./fast-path-call.js";
-import { jsonOptions } from "./json-options.js";
-import { LeanCall, SettlingBodyReader, cutUnreadRequest, ignoreError, onStreamClose, onWantTrailers, resetStream, setAll, uncork } from "./fast-path-call.js";
-import type { ObservedCall } from "./rpc-observer.js";
-import { recordStatus } from "./rpc-observer.js";
+import { readLimitError } from "../../wire/index.js";
+import { jsonOptions } from "../json-options.js";
+import type { ObservedCall } from "../rpc-observer.js";
+import { recordStatus } from "../rpc-observer.js";
+import type { CallHost, LeanPathOptions, Route } from "./call.js";
+import { LeanCall, SettlingBodyReader, cutUnreadRequest, ignoreError, onStreamClose, onWantTrailers, resetStream, setAll, uncork } from "./call.js";
 
 /**
  * The lean path's Connect unary calls: POST, `application/proto` or
@@ -33,7 +34,7 @@ import { recordStatus } from "./rpc-observer.js";
  * errors, and the same treatment of a body left unread. Connect compresses
  * nothing below compressMinBytes and then names no encoding, so neither
  * does this path (calls that may get a compressed answer are connect's,
- * FastPathOptions.declineCompressible).
+ * LeanPathOptions.declineCompressible).
  */
 
 /** Whether `type` is a Connect unary content type, as connect matches it: true for binary, false for JSON, undefined when it is neither. */
@@ -46,7 +47,7 @@ export function connectUnaryFormat(type: string | undefined): boolean | undefine
 }
 
 /** connect's serializers for the route's method, with its limits and the host's JSON options (as connectNodeAdapter makes them). */
-function serializationOf(route: Route, options: FastPathOptions): NonNullable<Route["connect"]> {
+function serializationOf(route: Route, options: LeanPathOptions): NonNullable<Route["connect"]> {
   return (route.connect ??= createMethodSerializationLookup(route.method, undefined, jsonOptions, {
     readMaxBytes: options.readMaxBytes,
     writeMaxBytes: options.writeMaxBytes,
@@ -206,7 +207,7 @@ class BodyBytes extends SettlingBodyReader<Uint8Array> {
     const hint = contentLength === undefined ? Number.NaN : parseInt(contentLength, 10);
     this.expected = Number.isSafeInteger(hint) && hint >= 0 ? hint : -1;
     if (this.expected > readMaxBytes) {
-      this.fail(new ConnectError(`message size ${this.expected} is larger than configured readMaxBytes ${readMaxBytes}`, Code.ResourceExhausted));
+      this.fail(readLimitError(this.expected, readMaxBytes));
     }
   }
 
@@ -233,7 +234,7 @@ class BodyBytes extends SettlingBodyReader<Uint8Array> {
       return;
     }
     if (total > this.readMaxBytes) {
-      this.fail(new ConnectError(`message size is larger than configured readMaxBytes ${this.readMaxBytes}`, Code.ResourceExhausted));
+      this.fail(readLimitError(undefined, this.readMaxBytes));
       return;
     }
     this.received = total;
