@@ -144,11 +144,21 @@ function envelopeHeader(length: number): Buffer {
   return header;
 }
 
+/**
+ * An envelope (flags 0) for a message of `messageBytes`, its header written:
+ * the message goes at ENVELOPE_HEADER_BYTES, for a writer that serializes
+ * straight into it.
+ */
+export function allocEnvelope(messageBytes: number): Buffer {
+  const envelope = Buffer.allocUnsafe(ENVELOPE_HEADER_BYTES + messageBytes);
+  envelope[0] = 0;
+  envelope.writeUInt32BE(messageBytes, 1);
+  return envelope;
+}
+
 /** `payload` in its envelope (flags 0): header and a copy of the message in one buffer. */
 export function encodeEnvelope(payload: Uint8Array): Buffer {
-  const envelope = Buffer.allocUnsafe(ENVELOPE_HEADER_BYTES + payload.byteLength);
-  envelope[0] = 0;
-  envelope.writeUInt32BE(payload.byteLength, 1);
+  const envelope = allocEnvelope(payload.byteLength);
   envelope.set(payload, ENVELOPE_HEADER_BYTES);
   return envelope;
 }

@@ -8,6 +8,7 @@
  */
 export { acceptsEncoded, acceptsEncodedKey, EncodedMessage, encodedResponsesKey } from "./encoded-message.js";
 export {
+  allocEnvelope,
   compressedEnvelopeError,
   encodeEnvelope,
   EnvelopeReader,

@@ -11,6 +11,7 @@
  */
 import { create, toBinary } from "@bufbuild/protobuf";
 import { FilterUpdateKind, FilterUpdateSchema, type ProducerIdentity as WireProducer, type RelayIdentity } from "../../../gen/dynamo/kvrelay/v1/relay_pb.js";
+import { allocEnvelope, ENVELOPE_HEADER_BYTES } from "../../wire/index.js";
 import type { PublicationFrame } from "../hub/index.js";
 import { RELAY_CONTRACT_MARKER, RELAY_PROTOCOL_VERSION } from "../wire/index.js";
 
@@ -43,10 +44,8 @@ export class DeltaWire {
       varint(tail, payload.byteLength);
     }
     const body = this.head.byteLength + tail.length + payload.byteLength + 6;
-    const out = Buffer.allocUnsafe(5 + body);
-    out[0] = 0;
-    out.writeUInt32BE(body, 1);
-    let at = 5;
+    const out = allocEnvelope(body);
+    let at = ENVELOPE_HEADER_BYTES;
     out.set(this.head, at);
     at += this.head.byteLength;
     for (const byte of tail) out[at++] = byte;
