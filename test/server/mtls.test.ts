@@ -17,12 +17,13 @@ import { connect as tlsConnect } from "node:tls";
 import type { TLSSocket } from "node:tls";
 import { create, fromBinary, toBinary } from "@bufbuild/protobuf";
 import { StringValueSchema } from "@bufbuild/protobuf/wkt";
-import { Code } from "@connectrpc/connect";
+import { Code, ConnectError, createClient } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
 import * as grpc from "@grpc/grpc-js";
 import { expect } from "chai";
 import { pino } from "pino";
 import { Registry } from "prom-client";
+import { AdminService, GetConfigRequestSchema, SetServingStatusRequestSchema } from "../../gen/mmgate/admin/v1/admin_pb.js";
 import { refusal } from "../../src/server/client-auth.js";
 import { ConfigError, resolveConfig } from "../../src/server/index.js";
 import { TlsReloader } from "../../src/server/tls-reload.js";
@@ -424,6 +425,64 @@ describe("mutual TLS on the listener", function () {
       } finally {
         await mounted.close();
       }
+    });
+  });
+  describe("a certificate as a caller (auth.certificates)", () => {
+    let server: InProcessServer;
+    before(async () => {
+      server = await startServer({
+        modules: [whoAmIModule],
+        config: {
+          tls: { certFile: serverCert.certFile, keyFile: serverCert.keyFile, clientCaFile: ca.certFile, clientAuth: "request" },
+          auth: { certificates: [{ name: "worker-rule", subject: "CN=worker-1", scopes: ["mutating"] }] },
+        },
+      });
+    });
+    after(() => server?.close());
+
+    /** AdminService over gRPC with a client certificate: connect's transport, and grpc-js's generic client. */
+    const adminConnect = (who: TestCertificate) =>
+      createClient(AdminService, createGrpcTransport({ baseUrl: `https://${server.addr}`, nodeOptions: { ca: caPem, servername: "", ...identity(who) } }));
+    const adminGrpcJs = (who: TestCertificate, method: "GetConfig" | "SetServingStatus", body: Uint8Array): Promise<void> => {
+      const { cert, key } = identity(who);
+      const Client = grpc.makeGenericClientConstructor(
+        {
+          [method]: {
+            path: `/mmgate.admin.v1.AdminService/${method}`,
+            requestStream: false,
+            responseStream: false,
+            requestSerialize: (value: Uint8Array) => Buffer.from(value),
+            requestDeserialize: (bytes: Buffer) => bytes,
+            responseSerialize: (value: Uint8Array) => Buffer.from(value),
+            responseDeserialize: (bytes: Buffer) => bytes,
+          },
+        },
+        "AdminService",
+      );
+      const client = new Client(server.addr, grpc.credentials.createSsl(caPem, key ?? null, cert ?? null), { "grpc.ssl_target_name_override": "localhost" });
+      return new Promise<void>((resolve, reject) => {
+        (client as unknown as Record<string, (req: Uint8Array, cb: (err: grpc.ServiceError | null) => void) => void>)[method]!(body, (err) => {
+          client.close();
+          if (err) reject(err);
+          else resolve();
+        });
+      });
+    };
+
+    it("a certificate mapped to mutating calls a mutating method and is refused an admin one, naming the rule (grpc-js and connect)", async () => {
+      const serving = toBinary(SetServingStatusRequestSchema, create(SetServingStatusRequestSchema, { service: "", serving: true }));
+      await adminGrpcJs(client, "SetServingStatus", serving);
+      await adminConnect(client).setServingStatus({ service: "", serving: true });
+      const refusedGrpcJs = await expectRejection<grpc.ServiceError>(adminGrpcJs(client, "GetConfig", toBinary(GetConfigRequestSchema, create(GetConfigRequestSchema))), {
+        code: grpc.status.PERMISSION_DENIED,
+      });
+      expect(decodeURIComponent(refusedGrpcJs.details)).to.match(/worker-rule lacks scope admin for mmgate\.admin\.v1\.AdminService\/GetConfig/);
+      await expectRejection(adminConnect(client).getConfig({}), { type: ConnectError, code: Code.PermissionDenied, message: /worker-rule lacks scope admin/ });
+    });
+
+    it("a verified certificate no rule names is anonymous: refused a mutating method, unauthenticated", async () => {
+      const other = pki.issue(ca, { cn: "worker-2", usage: "client" });
+      await expectRejection(adminConnect(other).setServingStatus({ service: "", serving: true }), { type: ConnectError, code: Code.Unauthenticated });
     });
   });
 });
