@@ -19,7 +19,7 @@
 import { MultiBar, Presets, type SingleBar } from "cli-progress";
 import { Code } from "@connectrpc/connect";
 import { Command, InvalidArgumentError, Option } from "commander";
-import { caOption, clientTransport, CliError, connectionContext, plainMessage, reportError, reportWarning, snakeCodeName, timeoutOption, tlsMismatch, tlsOption, withExitCodes } from "../rpc/index.js";
+import { caOption, clientCertificateOptions, clientTransport, CliError, connectionContext, plainMessage, reportError, reportWarning, snakeCodeName, timeoutOption, tlsMismatch, tlsOption, withExitCodes } from "../rpc/index.js";
 import { hostPort } from "../server/index.js";
 import { FilterUpdateKind, FilterUpdateKindSchema, type FilterUpdate } from "../../gen/dynamo/kvrelay/v1/relay_pb.js";
 import { FilterFormat } from "./cbi1/index.js";
@@ -42,6 +42,8 @@ interface WatchOptions {
   decoded?: boolean;
   tls?: boolean;
   ca?: string;
+  cert?: string;
+  key?: string;
   json?: boolean;
   once?: boolean;
   timeout: number;
@@ -187,7 +189,7 @@ class SnapshotBars {
 
 /** Watches `addr`; resolves with the exit code. */
 export async function watchRelay(addr: string, o: WatchOptions, io: WatchCliIo): Promise<number> {
-  const transport = clientTransport({ addr, ...(o.tls !== undefined ? { tls: o.tls } : {}), ...(o.ca !== undefined ? { ca: o.ca } : {}) });
+  const transport = clientTransport({ addr, ...(o.tls !== undefined ? { tls: o.tls } : {}), ...(o.ca !== undefined ? { ca: o.ca } : {}), ...(o.cert !== undefined ? { cert: o.cert } : {}), ...(o.key !== undefined ? { key: o.key } : {}) });
   const json = o.json === true;
   const decoded = o.decoded === true;
   const bars = new SnapshotBars(io, !json && (io.progress ?? process.stderr.isTTY === true), io.outIsTerminal ?? process.stdout.isTTY === true);
@@ -377,6 +379,7 @@ export function relayWatchCommand(io: WatchCliIo = { out: process.stdout, err: p
         process.exitCode = reportError(io.err, COMMAND, err, context(addr, o));
       }
     });
+  for (const option of clientCertificateOptions()) command.addOption(option);
   return withExitCodes(command, {
     0: "--once saw every pool ready, or --timeout ended a watch whose relay answered",
     1: "the relay refused the contract or was unreachable within --timeout, or with --once: a pool quarantined or not ready within --timeout",
@@ -385,7 +388,7 @@ export function relayWatchCommand(io: WatchCliIo = { out: process.stdout, err: p
 }
 
 function context(addr: string, o: WatchOptions) {
-  return connectionContext({ addr, ...(o.tls !== undefined ? { tls: o.tls } : {}), ...(o.ca !== undefined ? { ca: o.ca } : {}) });
+  return connectionContext({ addr, ...(o.tls !== undefined ? { tls: o.tls } : {}), ...(o.ca !== undefined ? { ca: o.ca } : {}), ...(o.cert !== undefined ? { cert: o.cert } : {}) });
 }
 
 /** `mmgate relay …`. */

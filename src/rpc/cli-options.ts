@@ -63,6 +63,9 @@ export interface ConnectionOptions {
   tls?: boolean;
   /** PEM file of the CA that signed the server's certificate; the system CAs otherwise. */
   ca?: string;
+  /** PEM client certificate and its key, for servers with tls.clientAuth (mutual TLS); both or neither. */
+  cert?: string;
+  key?: string;
   /** Deadline of each call in ms (--timeout); 0 or absent: none. */
   timeout?: number;
 }
@@ -75,13 +78,19 @@ export function caOption(): Option {
   return new Option("--ca <file>", "PEM CA certificate to trust for --tls (implies --tls)");
 }
 
-/** Adds --addr, --tls, --ca and --timeout to a client subcommand. */
+/** `--cert` and `--key`: the client certificate a server with tls.clientAuth asks for. */
+export function clientCertificateOptions(): Option[] {
+  return [
+    new Option("--cert <file>", "PEM client certificate to present, for a server with tls.clientAuth (implies --tls; with --key)"),
+    new Option("--key <file>", "PEM private key of --cert"),
+  ];
+}
+
+/** Adds --addr, --tls, --ca, --cert, --key and --timeout to a client subcommand. */
 export function withConnectionOptions(command: Command, options: { defaultTimeoutMs?: number } = {}): Command {
-  return command
-    .addOption(addrOption())
-    .addOption(tlsOption())
-    .addOption(caOption())
-    .addOption(timeoutOption(undefined, options.defaultTimeoutMs));
+  command.addOption(addrOption()).addOption(tlsOption()).addOption(caOption());
+  for (const option of clientCertificateOptions()) command.addOption(option);
+  return command.addOption(timeoutOption(undefined, options.defaultTimeoutMs));
 }
 
 /**
@@ -98,17 +107,25 @@ export const STATUS_TIMEOUT_MS = 5000;
  * is an `io` error naming the flag.
  */
 export function clientTransport(options: ConnectionOptions): Transport {
+  if ((options.cert === undefined) !== (options.key === undefined)) {
+    throw usageError(options.cert === undefined ? "--key needs --cert" : "--cert needs --key", ["pass the client certificate and its private key together: --cert FILE --key FILE"]);
+  }
   try {
     return createChannel(options.addr, {
       ...channelDefaults,
-      tls: options.tls === true || options.ca !== undefined,
+      tls: options.tls === true || options.ca !== undefined || options.cert !== undefined,
       caFile: options.ca ?? "",
+      certFile: options.cert ?? "",
+      keyFile: options.key ?? "",
       maxReceiveMessageBytes: MAX_MESSAGE_LIMIT_BYTES,
       maxSendMessageBytes: MAX_MESSAGE_LIMIT_BYTES,
       defaultTimeoutMs: options.timeout ?? 0,
     });
   } catch (err) {
-    if (err instanceof ChannelConfigError && err.field === "caFile") throw ioError(`--ca: ${err.detail}`, err);
+    if (err instanceof ChannelConfigError) {
+      const flag = ({ caFile: "--ca", certFile: "--cert", keyFile: "--key" } as Record<string, string>)[err.field];
+      if (flag !== undefined) throw ioError(`${flag}: ${err.detail}`, err);
+    }
     throw err;
   }
 }
@@ -373,10 +390,10 @@ export function reportWarning(sink: Sink, command: string, message: string): voi
 }
 
 /** The context for reporting a call made with these connection options. */
-export function connectionContext(options: { addr?: string; tls?: boolean; ca?: string | undefined; timeout?: number }): ConnectionContext {
+export function connectionContext(options: { addr?: string; tls?: boolean; ca?: string | undefined; cert?: string | undefined; timeout?: number }): ConnectionContext {
   return {
     ...(options.addr !== undefined ? { addr: options.addr } : {}),
-    tls: options.tls === true || options.ca !== undefined,
+    tls: options.tls === true || options.ca !== undefined || options.cert !== undefined,
     ...(options.timeout !== undefined ? { timeout: options.timeout } : {}),
   };
 }

@@ -20,6 +20,7 @@ export {
   addrOption,
   caOption,
   CliError,
+  clientCertificateOptions,
   clientTransport,
   connectionContext,
   EXIT,
