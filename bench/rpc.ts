@@ -54,7 +54,8 @@
  * (150), BENCH_IN_FLIGHT (64), BENCH_STREAM_IN_FLIGHT (4),
  * BENCH_STREAM_BYTES (4194304), BENCH_ONLY (workloads, comma-separated:
  * unary,echo,stream,repeat), BENCH_SERVERS (server kinds, comma-separated),
- * BENCH_CLIENT (http2 | grpc-js; see bench/_rpc-client.ts).
+ * BENCH_CLIENT (http2 | grpc-js; see bench/_rpc-client.ts), BENCH_BASELINE_TREE
+ * (another checkout whose host runs beside this one as `host-baseline`).
  */
 import { spawn, type ChildProcess } from "node:child_process";
 import { createServer as createHttpServer } from "node:http";
@@ -90,9 +91,9 @@ const TARGET_STREAM_VS_HTTP2 = 0.7;
 const root = new URL("..", import.meta.url).pathname;
 
 /** A child running a bench script; `next()` reads its next stdout line as JSON. */
-function child(script: string, args: string[], env: Record<string, string> = {}): { proc: ChildProcess; next: () => Promise<Record<string, unknown>> } {
+function child(script: string, args: string[], env: Record<string, string> = {}, tree = root): { proc: ChildProcess; next: () => Promise<Record<string, unknown>> } {
   const proc = spawn(process.execPath, ["--import", "tsx", `bench/${script}`, ...args], {
-    cwd: root,
+    cwd: tree,
     env: { ...process.env, ...env },
     stdio: ["pipe", "pipe", "inherit"],
   });
@@ -113,6 +114,7 @@ const SERVER_NAMES = {
   connect: "bare connect-node",
   "grpc-js": "bare @grpc/grpc-js",
   http2: "bare node:http2",
+  "host-baseline": "host of BENCH_BASELINE_TREE",
 } as const;
 type ServerKind = keyof typeof SERVER_NAMES;
 
@@ -186,7 +188,13 @@ const WORKLOADS: Record<string, Workload> = {
 };
 
 const workloads = selected("BENCH_ONLY", Object.keys(WORKLOADS)).map((key) => WORKLOADS[key]!);
-const serverKinds = selected("BENCH_SERVERS", Object.keys(SERVER_NAMES) as ServerKind[]);
+/**
+ * BENCH_BASELINE_TREE: another checkout of mmgate (a commit before a change,
+ * with node_modules), whose host runs as `host-baseline` beside this one's:
+ * what a change costs the host, measured in the same rounds. Only with it.
+ */
+const baselineTree = process.env["BENCH_BASELINE_TREE"];
+const serverKinds = selected("BENCH_SERVERS", Object.keys(SERVER_NAMES) as ServerKind[]).filter((kind) => kind !== "host-baseline" || baselineTree !== undefined);
 
 /**
  * Where host-traced exports: an OTLP/HTTP endpoint that reads each export
@@ -217,7 +225,9 @@ const tracedEnv: Record<string, string> = sinkServer
 const servers = serverKinds.map((kind) => ({
   kind,
   name: SERVER_NAMES[kind],
-  ...child("_rpc-server.ts", [kind, String(REPEAT_MESSAGES), String(STREAM_BYTES)], kind === "host-traced" ? tracedEnv : {}),
+  ...(kind === "host-baseline"
+    ? child("_rpc-server.ts", ["host", String(REPEAT_MESSAGES), String(STREAM_BYTES)], {}, baselineTree)
+    : child("_rpc-server.ts", [kind, String(REPEAT_MESSAGES), String(STREAM_BYTES)], kind === "host-traced" ? tracedEnv : {})),
   address: "",
 }));
 const client = child("_rpc-client.ts", []);
@@ -321,6 +331,7 @@ for (const [wi, w] of workloads.entries()) {
     ["host", "http2"],
     ["host-connect", "connect", "the host's layers on the connect path"],
     ["host-traced", "host", "tracing on, every call sampled and exported / tracing off"],
+    ["host", "host-baseline", "this tree's host / BENCH_BASELINE_TREE's host"],
   ];
   for (const [a, b, note] of pairs) {
     const ai = index(a);
