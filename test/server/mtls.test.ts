@@ -243,8 +243,9 @@ describe("mutual TLS on the listener", function () {
       const before = await metricValue(server.host.metrics.registry, "mmgate_connections_closed_total", { reason: "client_certificate" });
       await handshakeOutcome(server.addr, caPem, expiredClient);
       await handshakeOutcome(server.addr, caPem, strangerClient);
+      // At least these two: a client refused by an earlier test may still be reconnecting in the background, and each attempt counts too.
       await eventually(async () =>
-        expect(await metricValue(server.host.metrics.registry, "mmgate_connections_closed_total", { reason: "client_certificate" })).to.equal(before + 2),
+        expect(await metricValue(server.host.metrics.registry, "mmgate_connections_closed_total", { reason: "client_certificate" })).to.be.at.least(before + 2),
       );
       const refusals = logLines.map((l) => JSON.parse(l) as { msg: string; reason?: string }).filter((l) => l.msg.startsWith("TLS connection refused"));
       expect(refusals.map((r) => r.reason)).to.include.members(["CERT_HAS_EXPIRED", "UNABLE_TO_VERIFY_LEAF_SIGNATURE"]);
