@@ -22,6 +22,11 @@
  *   measured window the answer reports as "cpuUs": [µs|null, ...], in the
  *   same order (null where /proc has no such process).
  *
+ * {"concurrent": [command, command, ...]} runs the commands at the same
+ * time, each on its own connection, and answers with the array of their
+ * answers: servers measured side by side share whatever else the machine
+ * does at that moment, so a small difference between them shows.
+ *
  * Every command opens a fresh connection, keeps `inFlight` calls open on it
  * for the warm-up and then for the measured duration, and closes it. Each
  * call sends `request` as its one message. It succeeds when its status is
@@ -340,7 +345,8 @@ for await (const line of createInterface({ input: process.stdin })) {
   if (line.trim() === "") continue;
   let answer: unknown;
   try {
-    answer = await run(JSON.parse(line) as Command);
+    const parsed = JSON.parse(line) as Command | { concurrent: Command[] };
+    answer = "concurrent" in parsed ? await Promise.all(parsed.concurrent.map(run)) : await run(parsed);
   } catch (err) {
     answer = { error: (err as Error).message };
   }

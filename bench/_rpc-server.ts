@@ -153,7 +153,7 @@ async function mmgateHost(r: Replies, leanPath: boolean, traced = false): Promis
     const endpoint = process.env["BENCH_OTLP_ENDPOINT"];
     if (endpoint === undefined) throw new Error("host-traced needs BENCH_OTLP_ENDPOINT");
     const settings = resolveTracingSettings({ enabled: true, endpoint, protocol: "http/protobuf", serviceName: "bench", sampleRatio: 1 }, {});
-    startTracing(settings, { logger: pino({ level: "silent" }), version: "bench" });
+    await startTracing(settings, { logger: pino({ level: "silent" }), version: "bench" });
   }
   const benchModule = defineModule({
     name: "bench",

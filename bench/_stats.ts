@@ -6,6 +6,20 @@ export function median(values: number[]): number {
   return s.length % 2 === 1 ? s[mid]! : (s[mid - 1]! + s[mid]!) / 2;
 }
 
+/**
+ * A distribution-free 95 % confidence interval of the median: the order
+ * statistics k and n - k + 1 with k = n/2 - 0.98 sqrt(n) (the normal
+ * approximation of the binomial). Undefined below 9 values, where it would
+ * be the whole range.
+ */
+export function medianInterval(values: number[]): [number, number] | undefined {
+  const n = values.length;
+  if (n < 9) return undefined;
+  const s = [...values].sort((a, b) => a - b);
+  const k = Math.max(1, Math.floor(n / 2 - 0.98 * Math.sqrt(n)));
+  return [s[k - 1]!, s[n - k]!];
+}
+
 /** "min–max" */
 export const spread = (xs: number[], digits: number) => `${Math.min(...xs).toFixed(digits)}–${Math.max(...xs).toFixed(digits)}`;
 

@@ -38,7 +38,9 @@
  * workload, in the order above and then reversed in the next round, so load
  * elsewhere on the machine falls on all of them alike. Ratios are taken
  * within a round (calls/s, or MB/s for the stream) and reported as median
- * (min–max) over the rounds, next to the ratio of the medians.
+ * (min–max) over the rounds, next to the ratio of the medians; from 9 rounds
+ * on, with the 95 % confidence interval of the median ratio, which is what
+ * says whether a small difference (a change's cost) is shown or within noise.
  *
  * Next to the rates, each server's CPU time per call (all its threads, read
  * from /proc by the client over the measured window): rates move with
@@ -55,7 +57,8 @@
  * BENCH_STREAM_BYTES (4194304), BENCH_ONLY (workloads, comma-separated:
  * unary,echo,stream,repeat), BENCH_SERVERS (server kinds, comma-separated),
  * BENCH_CLIENT (http2 | grpc-js; see bench/_rpc-client.ts), BENCH_BASELINE_TREE
- * (another checkout whose host runs beside this one as `host-baseline`).
+ * (another checkout whose host runs beside this one as `host-baseline`),
+ * BENCH_PAIRED (1: the servers measured side by side, see below).
  */
 import { spawn, type ChildProcess } from "node:child_process";
 import { createServer as createHttpServer } from "node:http";
@@ -64,11 +67,20 @@ import { createInterface } from "node:readline";
 import { create, toBinary } from "@bufbuild/protobuf";
 import { BytesValueSchema, UInt32ValueSchema } from "@bufbuild/protobuf/wkt";
 import { HealthCheckRequestSchema, HealthCheckResponse_ServingStatus, HealthCheckResponseSchema } from "../gen/grpc/health/v1/health_pb.js";
-import { median, ratios, spread } from "./_stats.js";
+import { median, medianInterval, ratios, spread } from "./_stats.js";
 import { selected } from "./_wire.js";
 
 const KiB = 1024;
 const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 7);
+/**
+ * BENCH_PAIRED=1: every round measures the servers at the same time, each on
+ * its own connection with BENCH_IN_FLIGHT calls, instead of one after the
+ * other. They then share the machine's disturbances moment by moment, which
+ * is what resolving a difference of a few per cent between two builds of one
+ * server takes (host / host-baseline); their rates are then shares of the
+ * cores, not each one's speed alone.
+ */
+const PAIRED = process.env["BENCH_PAIRED"] === "1";
 const DURATION_MS = Number(process.env.BENCH_MS ?? 500);
 const WARMUP_MS = Number(process.env.BENCH_WARMUP_MS ?? 150);
 const IN_FLIGHT = Number(process.env.BENCH_IN_FLIGHT ?? 64);
@@ -243,9 +255,9 @@ interface Result {
   serverCpuUs: number | null;
 }
 
-async function measure(server: (typeof servers)[number], w: Workload): Promise<Result> {
+function commandFor(server: (typeof servers)[number], w: Workload) {
   const b64 = (bytes: Uint8Array) => Buffer.from(bytes).toString("base64");
-  const cmd = {
+  return {
     addr: server.address,
     path: w.path,
     stream: w.stream,
@@ -259,10 +271,21 @@ async function measure(server: (typeof servers)[number], w: Workload): Promise<R
     client: CLIENT,
     serverPid: server.proc.pid,
   };
-  client.proc.stdin!.write(`${JSON.stringify(cmd)}\n`);
+}
+
+async function measure(server: (typeof servers)[number], w: Workload): Promise<Result> {
+  client.proc.stdin!.write(`${JSON.stringify(commandFor(server, w))}\n`);
   const answer = await client.next();
   if (typeof answer.error === "string") throw new Error(`${server.name} ${w.path}: ${answer.error}`);
   return answer as unknown as Result;
+}
+
+/** Every server measured at once, each on its own connection (BENCH_PAIRED). */
+async function measureTogether(w: Workload): Promise<Result[]> {
+  client.proc.stdin!.write(`${JSON.stringify({ concurrent: servers.map((s) => commandFor(s, w)) })}\n`);
+  const answer = (await client.next()) as unknown;
+  if (!Array.isArray(answer)) throw new Error(`${w.path}: ${String((answer as { error?: unknown }).error)}`);
+  return answer as Result[];
 }
 
 const started = performance.now();
@@ -274,6 +297,10 @@ try {
     const order = servers.map((_, i) => i);
     if (round % 2 === 1) order.reverse();
     for (const [wi, w] of workloads.entries()) {
+      if (PAIRED) {
+        for (const [si, r] of (await measureTogether(w)).entries()) results[wi]![si]!.push(r);
+        continue;
+      }
       for (const si of order) results[wi]![si]!.push(await measure(servers[si]!, w));
     }
   }
@@ -284,7 +311,10 @@ try {
 }
 
 const MB = 1e6;
-const ratio = (xs: number[]) => `${median(xs).toFixed(2)}x (${spread(xs, 2)})`;
+const ratio = (xs: number[]) => {
+  const ci = medianInterval(xs);
+  return `${median(xs).toFixed(3)}x (${spread(xs, 2)}${ci ? `; median's 95 % interval ${ci[0].toFixed(3)}–${ci[1].toFixed(3)}` : ""})`;
+};
 const cpuOf = (rs: Result[]) => (rs.every((r) => r.serverCpuUs !== null) ? rs.map((r) => r.serverCpuUs!) : undefined);
 const ms = (xs: (number | null)[]) => {
   const known = xs.filter((x) => x !== null);
@@ -294,7 +324,7 @@ const index = (kind: ServerKind) => servers.findIndex((s) => s.kind === kind);
 
 console.log(
   `rpc bench: client ${CLIENT} in its own process, one HTTP/2 connection per measurement, each server in its own process; ` +
-    `${ROUNDS} interleaved rounds of ${DURATION_MS} ms (+${WARMUP_MS} ms warm-up); median (min–max) over rounds`,
+    `${ROUNDS} ${PAIRED ? "rounds, the servers measured side by side," : "interleaved rounds"} of ${DURATION_MS} ms (+${WARMUP_MS} ms warm-up); median (min–max) over rounds`,
 );
 const verdicts: string[] = [];
 let failed = 0;

@@ -130,7 +130,7 @@ export function serveCommand(role?: ServeRole): Command {
       const logger = await createLogger(config.log, undefined, { traceIds: tracing.enabled });
       for (const w of warnings) logger.warn(w);
       // Before the host: its interceptors and the modules' channels look once whether tracing is on. The host flushes it at shutdown.
-      if (tracing.enabled) startTracing(tracing, { logger, version });
+      if (tracing.enabled) await startTracing(tracing, { logger, version });
       let host;
       try {
         host = await startHost({ config, modules, logger, version });

@@ -1,22 +1,11 @@
 import type { Context, Span, TextMapGetter, TextMapSetter } from "@opentelemetry/api";
 import { context, propagation, ROOT_CONTEXT, SpanKind, SpanStatusCode, trace } from "@opentelemetry/api";
-import { ATTR_SERVER_ADDRESS, ATTR_SERVER_PORT } from "@opentelemetry/semantic-conventions";
 import { Code, ConnectError } from "@connectrpc/connect";
 import type { ContextValues, Interceptor, StreamResponse, UnaryResponse } from "@connectrpc/connect";
+import { ATTR_SERVER_ADDRESS, ATTR_SERVER_PORT, RPC_CONNECT_ERROR_CODE, RPC_GRPC_STATUS_CODE, RPC_METHOD, RPC_SERVICE, RPC_SYSTEM } from "./attributes.js";
 import { TRACE_CONTEXT_HEADERS } from "./spans.js";
 import { state } from "./state.js";
 
-/**
- * The RPC conventions tracing backends read (service graphs, RPC views):
- * rpc.system, rpc.service, rpc.method and rpc.grpc.status_code. Written out
- * here rather than imported: the semantic-conventions package keeps them
- * only among its deprecated names since its RPC conventions were renamed.
- */
-export const RPC_SYSTEM = "rpc.system";
-export const RPC_SERVICE = "rpc.service";
-export const RPC_METHOD = "rpc.method";
-export const RPC_GRPC_STATUS_CODE = "rpc.grpc.status_code";
-export const RPC_CONNECT_ERROR_CODE = "rpc.connect_rpc.error_code";
 
 const headerGetter: TextMapGetter<Headers> = {
   get: (carrier, key) => carrier.get(key) ?? undefined,

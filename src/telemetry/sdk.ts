@@ -1,15 +1,9 @@
 import type { DiagLogger } from "@opentelemetry/api";
 import { context, diag, DiagLogLevel, propagation, trace } from "@opentelemetry/api";
-import { CompositePropagator, W3CBaggagePropagator, W3CTraceContextPropagator } from "@opentelemetry/core";
-import { OTLPTraceExporter as OtlpJsonExporter } from "@opentelemetry/exporter-trace-otlp-http";
-import { OTLPTraceExporter as OtlpProtoExporter } from "@opentelemetry/exporter-trace-otlp-proto";
-import { defaultResource, detectResources, envDetector, resourceFromAttributes } from "@opentelemetry/resources";
-import type { Sampler } from "@opentelemetry/sdk-trace-base";
-import { AlwaysOnSampler, BatchSpanProcessor, ParentBasedSampler, TraceIdRatioBasedSampler } from "@opentelemetry/sdk-trace-base";
-import { NodeTracerProvider } from "@opentelemetry/sdk-trace-node";
-import { ATTR_SERVICE_NAME, ATTR_SERVICE_VERSION } from "@opentelemetry/semantic-conventions";
+import type * as SdkTraceBase from "@opentelemetry/sdk-trace-base";
 import type { Logger } from "pino";
 import type { TracingSettings } from "./settings.js";
+import { ATTR_SERVICE_NAME, ATTR_SERVICE_VERSION } from "./attributes.js";
 import { state } from "./state.js";
 
 /** Longest the host waits for the last spans to be exported at shutdown. */
@@ -30,11 +24,11 @@ function diagLogger(logger: Logger): DiagLogger {
   return { error: line("error"), warn: line("warn"), info: line("info"), debug: line("debug"), verbose: line("debug") };
 }
 
-function samplerOf(settings: TracingSettings): Sampler | undefined {
+function samplerOf(settings: TracingSettings, base: typeof SdkTraceBase): SdkTraceBase.Sampler | undefined {
   // undefined: the SDK builds the sampler from OTEL_TRACES_SAMPLER / _ARG itself.
   if (settings.sampler === "env") return undefined;
   // Parent-based: a caller's sampled flag decides, so a trace is whole or absent.
-  return new ParentBasedSampler({ root: settings.sampler >= 1 ? new AlwaysOnSampler() : new TraceIdRatioBasedSampler(settings.sampler) });
+  return new base.ParentBasedSampler({ root: settings.sampler >= 1 ? new base.AlwaysOnSampler() : new base.TraceIdRatioBasedSampler(settings.sampler) });
 }
 
 /**
@@ -43,21 +37,38 @@ function samplerOf(settings: TracingSettings): Sampler | undefined {
  * AsyncLocalStorage context manager. Nothing is patched: mmgate makes its
  * spans itself (server and client interceptors, span hooks). Once started,
  * `tracingEnabled()` is true; the host calls `shutdownTracing()` last.
+ *
+ * The SDK, its exporters and their protobuf code are loaded here, only when
+ * tracing is turned on: loaded, they are about 5 MB more heap for the
+ * garbage collector to walk in every process, a cost a process that makes
+ * no spans would pay on every call.
  */
-export function startTracing(settings: TracingSettings, options: StartTracingOptions): void {
-  if (state.provider !== undefined) throw new Error("tracing is started already");
+export async function startTracing(settings: TracingSettings, options: StartTracingOptions): Promise<void> {
+  if (state.provider !== undefined || state.starting) throw new Error("tracing is started already");
+  state.starting = true;
+  const [core, resources, base, node, exporters] = await Promise.all([
+    import("@opentelemetry/core"),
+    import("@opentelemetry/resources"),
+    import("@opentelemetry/sdk-trace-base"),
+    import("@opentelemetry/sdk-trace-node"),
+    settings.protocol === "http/json"
+      ? import("@opentelemetry/exporter-trace-otlp-http").then((m) => m.OTLPTraceExporter)
+      : import("@opentelemetry/exporter-trace-otlp-proto").then((m) => m.OTLPTraceExporter),
+  ]).finally(() => (state.starting = false));
+  const { CompositePropagator, W3CBaggagePropagator, W3CTraceContextPropagator } = core;
+  const { defaultResource, detectResources, envDetector, resourceFromAttributes } = resources;
   diag.setLogger(diagLogger(options.logger), DiagLogLevel.WARN);
-  const exporter = settings.protocol === "http/json" ? new OtlpJsonExporter({ url: settings.url }) : new OtlpProtoExporter({ url: settings.url });
+  const exporter = new exporters({ url: settings.url });
   // OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES (envDetector) win over the config's name.
   const resource = defaultResource()
     .merge(resourceFromAttributes({ [ATTR_SERVICE_NAME]: settings.serviceName, [ATTR_SERVICE_VERSION]: options.version }))
     .merge(detectResources({ detectors: [envDetector] }));
-  const sampler = samplerOf(settings);
-  const provider = new NodeTracerProvider({
+  const sampler = samplerOf(settings, base);
+  const provider = new node.NodeTracerProvider({
     resource,
     ...(sampler ? { sampler } : {}),
     // OTEL_BSP_* (delay, batch and queue sizes) are read by the processor.
-    spanProcessors: [new BatchSpanProcessor(exporter)],
+    spanProcessors: [new base.BatchSpanProcessor(exporter)],
   });
   provider.register({ propagator: new CompositePropagator({ propagators: [new W3CTraceContextPropagator(), new W3CBaggagePropagator()] }) });
   state.provider = provider;

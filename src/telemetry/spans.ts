@@ -11,7 +11,7 @@ import {
   ATTR_URL_FULL,
   ATTR_URL_PATH,
   ATTR_URL_SCHEME,
-} from "@opentelemetry/semantic-conventions";
+} from "./attributes.js";
 import { state } from "./state.js";
 
 /** The W3C headers that carry a trace's context between processes. */

@@ -229,7 +229,7 @@ describe("auth over the network: Drain with keys only, and the trace span's call
   it("sets mmgate.caller on the call's server span", async () => {
     const receiver = await startOtlpReceiver();
     try {
-      startTracing(resolveTracingSettings({ enabled: true, endpoint: receiver.endpoint, protocol: "http/protobuf", serviceName: "auth-test", sampleRatio: 1 }, {}), {
+      await startTracing(resolveTracingSettings({ enabled: true, endpoint: receiver.endpoint, protocol: "http/protobuf", serviceName: "auth-test", sampleRatio: 1 }, {}), {
         logger: pino({ level: "silent" }),
         version: "test",
       });
