@@ -1,4 +1,4 @@
-import type { DcCkfDelta, DcCkfFormatIdentity } from "../kv/index.js";
+import { imageCount, type DcCkfDelta, type DcCkfFormatIdentity } from "../kv/index.js";
 import {
   encodeDelta,
   encodeSnapshotChunks,
@@ -83,13 +83,17 @@ export function encodeSnapshot(snapshot: HubSnapshot): SnapshotFrames {
 /** A producer delta as one CBI1 delta frame; a bucket index past u32 is BucketIndexOverflow. */
 export function encodeDeltaFrame(delta: DcCkfDelta): PublicationFrame {
   const format = wireFormat(delta.identity.format);
-  for (const image of delta.images) {
-    if (image.bucket > MAX_WIRE_BUCKET) {
-      throw new PublicationFrameError("BucketIndexOverflow", `delta bucket index ${image.bucket} exceeds the CBI1 u32 address space`);
+  // Columns hold u32 buckets and u64 values by their types: only images need the check.
+  const columns = delta.columns;
+  if (columns === undefined) {
+    for (const image of delta.images) {
+      if (image.bucket > MAX_WIRE_BUCKET) {
+        throw new PublicationFrameError("BucketIndexOverflow", `delta bucket index ${image.bucket} exceeds the CBI1 u32 address space`);
+      }
     }
   }
-  // The codec checks every image (a negative or fractional bucket, a value past u64) as it writes it.
-  const payload = encodeDelta(format, delta.identity.poolId.dcId, delta.baseSequence, delta.sequence, delta.images);
+  // The codec checks every image (a negative or fractional bucket, a value past u64, a bucket past the format's count) as it writes it.
+  const payload = encodeDelta(format, delta.identity.poolId.dcId, delta.baseSequence, delta.sequence, columns ?? delta.images);
   return publicationFrame({ identity: delta.identity, baseSequence: delta.baseSequence, sequence: delta.sequence, kind: "delta", payload });
 }
 
@@ -100,5 +104,5 @@ export function encodeDeltaFrame(delta: DcCkfDelta): PublicationFrame {
  * barrier snapshot).
  */
 export function publishDelta(hub: PublicationHub, delta: DcCkfDelta): PublishDeltaResult {
-  return hub.publishDelta(delta, delta.images.length > MAX_DELTA_IMAGES ? undefined : encodeDeltaFrame(delta));
+  return hub.publishDelta(delta, imageCount(delta) > MAX_DELTA_IMAGES ? undefined : encodeDeltaFrame(delta));
 }

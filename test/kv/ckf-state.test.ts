@@ -1,5 +1,19 @@
 import { expect } from "chai";
-import { CkfError, DcCkfState, locateKey, targetsPrimary, type ApplyOutcome, type CkfErrorCode } from "../../src/kv/ckf/index.js";
+import {
+  CkfError,
+  DcCkfPublisher,
+  DcCkfState,
+  digestIdentity,
+  imageCount,
+  locateKey,
+  poolId,
+  producerIdentity,
+  relayLease,
+  targetsPrimary,
+  type ApplyOutcome,
+  type CkfErrorCode,
+  type DcCkfDelta,
+} from "../../src/kv/ckf/index.js";
 import {
   applyImages,
   chain,
@@ -400,6 +414,43 @@ describe("DcCkfState", () => {
       expect(batch.images.map((image) => image.bucket)).to.deep.equal(expected);
       for (const image of batch.images) expect(image.value).to.equal(state.words()[image.bucket]);
       expect(state.flush()).to.equal(undefined);
+    });
+
+    it("drains its images as columns; `images` is made from them on first read, frozen, and kept", () => {
+      const state = new DcCkfState({ expectedBlocksPerDc: 4096, publishEveryNEvents: 10 });
+      state.applyEvent(storedChain(W1, 0, [1n, 2n, 3n, 4n, 5n, 6n]).event);
+      const batch = state.flush()!;
+      const { buckets, values } = batch.columns!;
+      expect(buckets).to.be.instanceOf(Uint32Array);
+      expect(values).to.be.instanceOf(BigUint64Array);
+      expect(imageCount(batch)).to.equal(buckets.length);
+      const images = batch.images;
+      expect(images).to.deep.equal([...buckets].map((bucket, i) => ({ bucket, value: values[i] })));
+      expect(Object.isFrozen(images) && images.every((image) => Object.isFrozen(image))).to.equal(true);
+      expect(batch.images).to.equal(images);
+      expect(Object.isFrozen(batch)).to.equal(true);
+      // The publisher passes the columns on, and the delta's images are the batch's.
+      const identity = producerIdentity({
+        poolId: poolId({ cacheSemantics: digestIdentity(new Uint8Array(16), "Explicit"), routingScope: digestIdentity(new Uint8Array(16), "Explicit"), dcId: 1n }),
+        producerIncarnation: 1n,
+        layoutGeneration: 1n,
+        format: state.format(),
+      });
+      const delivered: DcCkfDelta[] = [];
+      const publisher = new DcCkfPublisher(identity, {
+        lastSequence: 0n,
+        sink: (d) => {
+          delivered.push(d);
+          return "accepted";
+        },
+      });
+      publisher.snapshotAfterBarrier(state, relayLease(identity));
+      state.applyEvent(storedChain(W1, 0, [7n, 8n]).event);
+      const next = state.flush()!;
+      publisher.publish(next);
+      expect(delivered[0]!.columns).to.equal(next.columns);
+      expect(delivered[0]!.images).to.equal(next.images);
+      expect(Object.isFrozen(delivered[0])).to.equal(true);
     });
 
     it("eliminates net-reverted buckets: store then remove in one window publishes nothing", () => {

@@ -38,6 +38,25 @@ function stepped(events: readonly RouterEvent[], every: number, inPause: (state:
   return { state, outcomes, pauses };
 }
 
+/** The same as `stepped`, through applyEventUntil / continueEvent (no generator). */
+function steppedUntil(events: readonly RouterEvent[], every: number) {
+  const state = new DcCkfState(SMALL, OPTIONS);
+  let n = 0;
+  let pauses = 0;
+  const pause = () => ++n % every === 0;
+  const outcomes = events.map((event) => {
+    let outcome = state.applyEventUntil(event, pause);
+    while (outcome === undefined) {
+      pauses += 1;
+      expect(state.applying).to.equal(true);
+      outcome = state.continueEvent(pause);
+    }
+    return outcomeOf(outcome);
+  });
+  expect(state.applying).to.equal(false);
+  return { state, outcomes, pauses };
+}
+
 /**
  * SHA-256 over every event's outcome (first error's code and message, the
  * images of the batch it drained) and the final lane bytes, for the workload
@@ -101,6 +120,36 @@ describe("DcCkfState: application in steps", () => {
       expect(b.state.stats()).to.deep.equal(a.state.stats());
     });
   }
+
+  for (const every of [1, 3, 64]) {
+    it(`applyEventUntil and continueEvent, pausing every ${every} block(s), pause where the generator does and give what it gives`, () => {
+      const a = stepped(events, every);
+      const b = steppedUntil(events, every);
+      expect(b.pauses).to.equal(a.pauses);
+      expect(b.outcomes).to.deep.equal(a.outcomes);
+      expect(sameWords(b.state.words(), a.state.words())).to.equal(true);
+      expect(b.state.stats()).to.deep.equal(a.state.stats());
+    });
+  }
+
+  it("continueEvent without an application under way throws; abandonEvent releases the state, the event partly applied", () => {
+    const state = new DcCkfState({ expectedBlocksPerDc: 1024 });
+    expect(() => state.continueEvent(() => false)).to.throw(/no event is being applied in steps/);
+    const blocks = Array.from({ length: 10 }, (_, i) => ({ blockHash: BigInt(100 + i), tokensHash: BigInt(7 + i) }));
+    // Paused after the check of every block, then before the second block is owned.
+    let asked = 0;
+    let outcome = state.applyEventUntil(storedEvent(1n, 0, blocks), () => ++asked === 11);
+    expect(outcome).to.equal(undefined);
+    expect(state.applying).to.equal(true);
+    expect(state.stats().uniqueBlocks).to.equal(1);
+    expect(() => state.applyEventUntil(storedEvent(2n, 0, blocks), () => false)).to.throw(/being applied in steps/);
+    state.abandonEvent();
+    expect(state.applying).to.equal(false);
+    state.abandonEvent();
+    outcome = state.applyEventUntil(storedEvent(2n, 0, [{ blockHash: 1n, tokensHash: 2n }]), () => false);
+    expect(outcome?.firstError).to.equal(undefined);
+    expect(state.stats().uniqueBlocks).to.equal(2);
+  });
 
   it("drains and reads in the pauses see a consistent lane, and a mirror of the drained batches ends equal to the lane", () => {
     const a = direct(events);

@@ -179,6 +179,31 @@ describe("relay publication frames: a producer delta through the hub", () => {
     hub.retire();
   });
 
+  it("a delta with columns gives the frame and the mirror words the same delta with images gives", () => {
+    const images = [
+      { bucket: 5, value: 42n },
+      { bucket: 0, value: (1n << 64n) - 1n },
+      { bucket: identity.format.bucketCount - 1, value: 0x0123_4567_89ab_cdefn },
+      { bucket: 7, value: 0n },
+    ];
+    const columns = { buckets: Uint32Array.from(images.map((i) => i.bucket)), values: BigUint64Array.from(images.map((i) => i.value)) };
+    const plain: DcCkfDelta = { identity, lease, baseSequence: 1n, sequence: 2n, images };
+    const columnar: DcCkfDelta = { ...plain, columns };
+    expect([...encodeDeltaFrame(columnar).payload]).to.deep.equal([...encodeDeltaFrame(plain).payload]);
+    const a = readyHub();
+    const b = readyHub();
+    publishDelta(a, plain);
+    publishDelta(b, columnar);
+    const words = (hub: PublicationHub) => {
+      const subscriber = hub.subscribe();
+      const snapshot = subscriber.takeSnapshot();
+      return [...snapshot.buckets];
+    };
+    expect(words(b)).to.deep.equal(words(a));
+    a.retire();
+    b.retire();
+  });
+
   it("turns a delta with more images than one CBI1 frame carries into snapshot recovery", async () => {
     const hub = readyHub();
     const subscriber = hub.subscribe();

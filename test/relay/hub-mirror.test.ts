@@ -50,6 +50,19 @@ describe("relay hub: HubMirror (B.7)", () => {
     expect(state.words[BUCKETS - 1]).to.equal(2n ** 64n - 1n);
   });
 
+  it("applies a delta's columns as it applies its images, a held lane copied first", () => {
+    const images = [{ bucket: 0, value: 7n }, { bucket: BUCKETS - 1, value: 2n ** 64n - 1n }, { bucket: 3, value: 0x8000_0000_0000_0001n }];
+    const columns = { buckets: Uint32Array.from(images.map((i) => i.bucket)), values: BigUint64Array.from(images.map((i) => i.value)) };
+    const a = new HubMirror(snapshot(5n, 1n));
+    const b = new HubMirror(snapshot(5n, 1n));
+    const held = b.pin();
+    a.applyDelta(delta(5n, images));
+    b.applyDelta({ ...delta(5n, []), columns });
+    expect(observe(b)).to.deep.include({ sequence: 6n, words: observe(a).words });
+    expect([...held.snapshot.buckets].every((w) => w === 1n)).to.equal(true);
+    held.release();
+  });
+
   describe("rejects, leaving the mirror exactly as it was", () => {
     const cases: { name: string; code: HubErrorCode; make: () => ReturnType<typeof delta> }[] = [
       { name: "another producer generation", code: "IdentityChanged", make: () => delta(5n, undefined, { identity: identity(1, 12n) }) },
@@ -68,6 +81,16 @@ describe("relay hub: HubMirror (B.7)", () => {
       { name: "a fractional bucket", code: "BucketOutOfRange", make: () => delta(5n, [{ bucket: 1.5, value: 1n }]) },
       { name: "a value over u64", code: "InvalidImage", make: () => delta(5n, [{ bucket: 2, value: 1n }, { bucket: 3, value: 2n ** 64n }]) },
       { name: "a negative value", code: "InvalidImage", make: () => delta(5n, [{ bucket: 3, value: -1n }]) },
+      {
+        name: "a column bucket at the lane's length",
+        code: "BucketOutOfRange",
+        make: () => ({ ...delta(5n, []), columns: { buckets: Uint32Array.of(1, BUCKETS), values: BigUint64Array.of(1n, 1n) } }),
+      },
+      {
+        name: "columns of different lengths",
+        code: "InvalidImage",
+        make: () => ({ ...delta(5n, []), columns: { buckets: Uint32Array.of(1, 2), values: BigUint64Array.of(1n) } }),
+      },
     ];
     for (const { name, code, make } of cases) {
       it(`${code}: ${name}`, () => {

@@ -8,14 +8,14 @@
  * Membership is a bitset over all buckets and the originals live in typed
  * arrays, so recording a write allocates nothing.
  */
-import type { DcCkfBucketImage } from "./identity.js";
+import type { DcCkfImageColumns } from "./identity.js";
 import type { CkfWriteObserver } from "./lane.js";
 
 /** What one drain found. */
 export interface DrainedWindow {
   /** Buckets whose value changed, in first-dirtied order, with their current words (none when not asked for). */
-  readonly images: DcCkfBucketImage[];
-  /** Buckets whose value changed (`images.length` when they were asked for). */
+  readonly columns: DcCkfImageColumns | undefined;
+  /** Buckets whose value changed (the columns' length when they were asked for). */
   readonly changed: number;
   /** Buckets that were written but ended where they started. */
   readonly netReverted: number;
@@ -27,11 +27,8 @@ export class DirtyWindow implements CkfWriteObserver {
   /** Four u16 slots per entry of `order`: the bucket before its first write. */
   private originals: Uint16Array;
   private count = 0;
-  /** The same memory as u64 words (the lanes run on little-endian hosts only): an image's value is one read. */
-  private readonly words: BigUint64Array;
 
   constructor(private readonly slots: Uint16Array) {
-    this.words = new BigUint64Array(slots.buffer, slots.byteOffset, slots.length >>> 2);
     this.member = new Uint32Array(Math.ceil(slots.length / 4 / 32));
     this.order = new Int32Array(64);
     this.originals = new Uint16Array(64 * 4);
@@ -80,31 +77,49 @@ export class DirtyWindow implements CkfWriteObserver {
   }
 
   /**
-   * The changed buckets' images, and an empty window. With `images` false
+   * The changed buckets' images as columns, and an empty window. Each value
+   * is copied as the bucket's four slots (the same bytes as its u64 word), so
+   * draining makes no BigInt and no object per image. With `images` false
    * the window is emptied and counted without building them (no consumer
-   * would read them): a u64 word per changed bucket is the costly part.
+   * would read them).
    */
   drain(withImages = true): DrainedWindow {
-    const images: DcCkfBucketImage[] = [];
+    const count = this.count;
+    const buckets = withImages ? new Uint32Array(count) : undefined;
+    const slots = withImages ? new Uint16Array(count * 4) : undefined;
     let changed = 0;
     const s = this.slots;
     const o = this.originals;
+    const order = this.order;
     let netReverted = 0;
-    for (let at = 0; at < this.count; at++) {
-      const bucket = this.order[at]!;
+    for (let at = 0; at < count; at++) {
+      const bucket = order[at]!;
       this.unmark(bucket);
       const i = bucket << 2;
       const j = at << 2;
-      if (s[i] === o[j] && s[i + 1] === o[j + 1] && s[i + 2] === o[j + 2] && s[i + 3] === o[j + 3]) {
+      const s0 = s[i]!;
+      const s1 = s[i + 1]!;
+      const s2 = s[i + 2]!;
+      const s3 = s[i + 3]!;
+      if (s0 === o[j] && s1 === o[j + 1] && s2 === o[j + 2] && s3 === o[j + 3]) {
         netReverted++;
         continue;
       }
+      if (buckets !== undefined && slots !== undefined) {
+        buckets[changed] = bucket;
+        const k = changed << 2;
+        slots[k] = s0;
+        slots[k + 1] = s1;
+        slots[k + 2] = s2;
+        slots[k + 3] = s3;
+      }
       changed++;
-      if (!withImages) continue;
-      images.push(Object.freeze({ bucket, value: this.words[bucket]! }));
     }
     this.count = 0;
-    return { images, changed, netReverted };
+    if (buckets === undefined || slots === undefined) return { columns: undefined, changed, netReverted };
+    // A little-endian host (the lanes refuse any other): four u16 slots are the bytes of their u64 word.
+    const columns = { buckets: buckets.subarray(0, changed), values: new BigUint64Array(slots.buffer, 0, changed) };
+    return { columns, changed, netReverted };
   }
 
   /** Bytes held by the window's arrays. */

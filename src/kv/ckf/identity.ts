@@ -51,9 +51,21 @@ export interface DcCkfBucketImage {
   readonly value: bigint;
 }
 
+/**
+ * Images as columns: the buckets, and their u64 words in the same order. A
+ * batch the DC state drains carries its images this way, without an object or
+ * a BigInt per image; `images` then makes the objects on first read.
+ */
+export interface DcCkfImageColumns {
+  readonly buckets: Uint32Array;
+  readonly values: BigUint64Array;
+}
+
 /** What a drain of the dirty window yields: the changed buckets, first-dirtied first. */
 export interface DcCkfPublicationBatch {
   readonly images: readonly DcCkfBucketImage[];
+  /** The same images as columns, when the batch has them (a drained one does): cheaper to read than `images`. */
+  readonly columns?: DcCkfImageColumns | undefined;
 }
 
 /** A batch as published: sequence = baseSequence + 1 on the lease it was sent on. */
@@ -63,6 +75,37 @@ export interface DcCkfDelta {
   readonly baseSequence: bigint;
   readonly sequence: bigint;
   readonly images: readonly DcCkfBucketImage[];
+  /** The batch's columns, when it had them. */
+  readonly columns?: DcCkfImageColumns | undefined;
+}
+
+/** How many images a batch or delta carries, read from its columns when it has them (`images` would make the objects). */
+export function imageCount(batch: DcCkfPublicationBatch): number {
+  return batch.columns === undefined ? batch.images.length : batch.columns.buckets.length;
+}
+
+/**
+ * A batch over columns: `images` is made on first read (frozen, cached), so
+ * a publication path that reads only the columns makes no object per image.
+ */
+export class ColumnBatch implements DcCkfPublicationBatch {
+  #images: readonly DcCkfBucketImage[] | undefined;
+
+  constructor(readonly columns: DcCkfImageColumns) {
+    Object.freeze(this);
+  }
+
+  get images(): readonly DcCkfBucketImage[] {
+    return (this.#images ??= imagesOf(this.columns));
+  }
+}
+
+/** Columns as a frozen array of frozen images. */
+export function imagesOf(columns: DcCkfImageColumns): readonly DcCkfBucketImage[] {
+  const { buckets, values } = columns;
+  const images = new Array<DcCkfBucketImage>(buckets.length);
+  for (let i = 0; i < buckets.length; i++) images[i] = Object.freeze({ bucket: buckets[i]!, value: values[i]! });
+  return Object.freeze(images);
 }
 
 /** The whole lane at `sequence`; the first delta after it is sequence -> sequence + 1. */

@@ -28,7 +28,10 @@ export { Xxh3Of8 } from "./xxh3-8.js";
 export { hi32, joinU64, lo32 } from "./u64.js";
 export { residencyGate, targetsPrimary, type KvCacheEventData, type ResidencyDomain, type RouterEvent, type StorageTier, type StoredBlock } from "./events.js";
 export {
+  ColumnBatch,
   digestIdentity,
+  imageCount,
+  imagesOf,
   laneLease,
   poolId,
   producerIdentity,
@@ -40,6 +43,7 @@ export {
   type ConsumerDrainMarker,
   type DcCkfBucketImage,
   type DcCkfDelta,
+  type DcCkfImageColumns,
   type DcCkfPublicationBatch,
   type DcCkfSnapshot,
   type DigestIdentity,

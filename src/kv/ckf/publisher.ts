@@ -5,7 +5,7 @@
  * not events; a consumer that installed snapshot N expects exactly N -> N+1.
  */
 import { CkfError, type FenceReason } from "./errors.js";
-import { sameFormat, type ConsumerDrainMarker, type DcCkfDelta, type DcCkfPublicationBatch, type DcCkfSnapshot, type LaneLease, type ProducerIdentity } from "./identity.js";
+import { imageCount, sameFormat, type ConsumerDrainMarker, type DcCkfDelta, type DcCkfPublicationBatch, type DcCkfSnapshot, type LaneLease, type ProducerIdentity } from "./identity.js";
 import type { BarrierCopy } from "./barrier-copy.js";
 import type { DcCkfState } from "./state.js";
 import { isU64, U64_MAX } from "./u64.js";
@@ -70,7 +70,7 @@ export class DcCkfPublisher {
    * the publisher's state, and it neither fences nor advances.
    */
   publish(batch: DcCkfPublicationBatch): PublishResult {
-    if (batch.images.length === 0) {
+    if (imageCount(batch) === 0) {
       throw new CkfError("EmptyDelta", "a delta needs at least one image: the consumer deactivates on an empty one");
     }
     if (this.fenceValue !== undefined) throw fencedError(this.fenceValue);
@@ -81,13 +81,23 @@ export class DcCkfPublisher {
       throw fencedError(this.fenceValue);
     }
     const next = this.last + 1n;
-    const delta: DcCkfDelta = Object.freeze({
-      identity: this.identity,
-      lease,
-      baseSequence: this.last,
-      sequence: next,
-      images: batch.images,
-    });
+    const identity = this.identity;
+    const baseSequence = this.last;
+    const columns = batch.columns;
+    // A batch with columns keeps its images unmade until someone reads them.
+    const delta: DcCkfDelta =
+      columns === undefined
+        ? Object.freeze({ identity, lease, baseSequence, sequence: next, images: batch.images })
+        : Object.freeze({
+            identity,
+            lease,
+            baseSequence,
+            sequence: next,
+            get images() {
+              return batch.images;
+            },
+            columns,
+          });
     let verdict: "accepted" | "rejected";
     try {
       verdict = this.sink(delta);

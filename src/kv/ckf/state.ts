@@ -16,10 +16,10 @@ import { ckfConfig, formatIdentity, validateCkfConfig, type CkfConfig, type CkfC
 import { DirtyWindow } from "./dirty.js";
 import { CkfError, describeValue } from "./errors.js";
 import { residencyGate, type KvCacheEventData, type RouterEvent, type StoredBlock } from "./events.js";
-import type { DcCkfPublicationBatch } from "./identity.js";
+import { ColumnBatch, type DcCkfPublicationBatch } from "./identity.js";
 import { CkfLane } from "./lane.js";
 import { hi32, isU32, isU64, joinU64, lo32 } from "./u64.js";
-import { EventScratchMap, LineageMap, OwnerTable } from "./u64-tables.js";
+import { EventScratchMap, LineageMap, mixU64, OwnerTable } from "./u64-tables.js";
 import { Xxh3Of16 } from "./xxh3-16.js";
 
 /** One canonical hash's owners; `resident` is whether its fingerprint is in the filter. */
@@ -90,13 +90,16 @@ const NOTHING: ApplyOutcome = Object.freeze({ firstError: undefined, publication
 /** Never pauses: applyEvent runs the stepped application in one go. */
 const NEVER: PauseCheck = () => false;
 
-/** Runs steps that never pause to their value. */
-function runToEnd<T>(steps: Generator<void, T, void>): T {
-  for (;;) {
-    const step = steps.next();
-    if (step.done === true) return step.value;
-  }
-}
+/** What the application under way is doing (`phase`). */
+const IDLE = 0;
+/** A Stored event's hashes being chained and its mappings checked: nothing has changed yet. */
+const STORED_CHECK = 1;
+/** A Stored event's blocks being owned and admitted. */
+const STORED_OWN = 2;
+const REMOVING = 3;
+const CLEARING = 4;
+
+const NO_BLOCKS: readonly StoredBlock[] = Object.freeze([]);
 
 /** Splits a bigint into halves without BigInt arithmetic (see u64.ts): one store, two reads. */
 const SPLIT_U64 = new BigUint64Array(1);
@@ -120,10 +123,35 @@ export class DcCkfState {
   private readonly chain = new Xxh3Of16(CHAIN_XXH3_SEED);
   /** A Stored event's own block hash -> canonical hash, to refuse one block hash given two sequences. */
   private readonly batch = new EventScratchMap();
-  /** A Stored event's canonical hashes as (hi, lo) pairs; only one event applies at a time, so one buffer serves. */
-  private canonicals = new Uint32Array(64);
+  /**
+   * Per block of the event under way, four u32s: its tokens hash as (hi, lo)
+   * halves (its canonical hash once chained), and its block hash (a Removed
+   * event's hash) as halves. The shape check fills it, so each bigint is read
+   * and split once; only one event applies at a time, so one buffer serves.
+   */
+  private keys = new Uint32Array(128);
+  /** Per block of a Stored event: mixU64 of its block hash, computed once for the lineage and the scratch map. */
+  private externalMixes = new Int32Array(32);
   /** Per block of that event: 1 when its block hash was in neither the lineage nor earlier in the event. */
   private fresh = new Uint8Array(32);
+  /**
+   * The application under way (applyEventUntil): its phase, its member and
+   * where it is, so that it can stop at a pause and go on from there later.
+   */
+  private phase = IDLE;
+  private stepWorker = 0n;
+  private stepRank = 0;
+  private stepLineage: LineageMap | undefined = undefined;
+  private stepBlocks: readonly StoredBlock[] = NO_BLOCKS;
+  /** Blocks or hashes of the event, or the lineage's end for a Cleared one. */
+  private stepCount = 0;
+  /** The next block, hash or lineage position. */
+  private stepAt = 0;
+  private stepError: CkfError | undefined = undefined;
+  /** While a Stored event is checked: whether the next block chains on (parentHi, parentLo). */
+  private chained = false;
+  private parentHi = 0;
+  private parentLo = 0;
   private pending = 0;
   private unknownRemovals = 0;
   private parentNotFound = 0;
@@ -157,7 +185,8 @@ export class DcCkfState {
    * steps is unfinished (a caller's bug).
    */
   applyEvent(event: RouterEvent): ApplyOutcome {
-    return runToEnd(this.eventSteps(event, NEVER));
+    // Never paused, so never undefined.
+    return this.applyEventUntil(event, NEVER)!;
   }
 
   /**
@@ -172,7 +201,8 @@ export class DcCkfState {
    * barrier snapshots may run in a pause and see the event partly applied (a
    * consistent lane: every block admitted so far, none after). A generator
    * dropped before its end leaves the event partly applied; call return() on
-   * it to release the state.
+   * it to release the state. It is applyEventUntil and continueEvent in a
+   * generator.
    */
   applyEventInSteps(event: RouterEvent, pause: PauseCheck): ApplySteps {
     this.assertNotStepping();
@@ -180,6 +210,29 @@ export class DcCkfState {
   }
 
   private *eventSteps(event: RouterEvent, pause: PauseCheck): ApplySteps {
+    let outcome = this.applyEventUntil(event, pause);
+    try {
+      while (outcome === undefined) {
+        yield;
+        outcome = this.continueEvent(pause);
+      }
+    } finally {
+      if (outcome === undefined) this.abandonEvent();
+    }
+    return outcome;
+  }
+
+  /**
+   * The stepped application without a generator (what applyEventInSteps
+   * runs, and what a caller that rarely pauses uses to spare one per event):
+   * applies `event` until it is done, or until `pause` says true at one of the
+   * points where the generator would yield. Returns the outcome once the
+   * event is done; undefined when it paused, and then `continueEvent(pause)`
+   * goes on from there, as the generator's `next()` does, until it returns
+   * the outcome. `abandonEvent()` releases the state with the event partly
+   * applied. Throws while another application is unfinished.
+   */
+  applyEventUntil(event: RouterEvent, pause: PauseCheck): ApplyOutcome | undefined {
     this.assertNotStepping();
     // B.4 step 1 comes first: an event for another tier or domain is ignored
     // completely, whatever the rest of its body holds (a Cleared is ignored
@@ -191,38 +244,83 @@ export class DcCkfState {
     if (gate !== true) return { firstError: gate, publication: undefined };
     const tooLarge = this.checkSize(event);
     if (tooLarge !== undefined) return { firstError: tooLarge, publication: undefined };
-    const invalid = checkEvent(event);
+    const invalid = this.checkEvent(event);
     if (invalid !== undefined) return { firstError: invalid, publication: undefined };
     this.pending++;
     const data = event.data;
-    let error: CkfError | undefined;
+    this.stepWorker = event.workerId;
+    this.stepRank = event.dpRank;
+    this.stepError = undefined;
     this.stepping = true;
-    try {
-      switch (data.kind) {
-        case "stored":
-          error = yield* this.storedSteps(event.workerId, event.dpRank, data, pause);
-          break;
-        case "removed": {
-          const lineage = this.members.get(event.workerId)?.get(event.dpRank);
-          for (const hash of data.blockHashes) {
-            SPLIT_U64[0] = hash;
-            const failed = this.removeMapping(lineage, SPLIT_U32[1]!, SPLIT_U32[0]!);
-            error ??= failed;
-            if (pause()) yield;
-          }
-          if (lineage !== undefined && lineage.size === 0) this.dropMember(event.workerId, event.dpRank);
-          else lineage?.compactIfSparse();
-          break;
-        }
-        case "cleared":
-          error = yield* this.clearSteps(event.workerId, event.dpRank, pause);
-          break;
-      }
-    } finally {
-      this.stepping = false;
+    switch (data.kind) {
+      case "stored":
+        this.beginStored(data);
+        break;
+      case "removed":
+        this.stepLineage = this.members.get(event.workerId)?.get(event.dpRank);
+        this.stepCount = data.blockHashes.length;
+        this.stepAt = 0;
+        this.phase = REMOVING;
+        break;
+      case "cleared":
+        this.beginClear();
+        break;
     }
+    return this.run(pause);
+  }
+
+  /** Goes on with the application applyEventUntil paused; the same contract. Throws when none is under way. */
+  continueEvent(pause: PauseCheck): ApplyOutcome | undefined {
+    if (!this.stepping) throw new Error("DcCkfState: no event is being applied in steps");
+    return this.run(pause);
+  }
+
+  /** Releases the state from an unfinished application, leaving its event partly applied; nothing when none is under way. */
+  abandonEvent(): void {
+    if (this.stepping) this.releaseSteps();
+  }
+
+  /** Runs the application's phases until it pauses (undefined) or is done (its outcome). */
+  private run(pause: PauseCheck): ApplyOutcome | undefined {
+    try {
+      for (;;) {
+        switch (this.phase) {
+          case STORED_CHECK:
+            if (!this.checkStored(pause)) return undefined;
+            break;
+          case STORED_OWN:
+            if (!this.ownStored(pause)) return undefined;
+            break;
+          case REMOVING:
+            if (!this.removeHashes(pause)) return undefined;
+            break;
+          case CLEARING:
+            if (!this.clearLineage(pause)) return undefined;
+            break;
+          default:
+            return this.endEvent();
+        }
+      }
+    } catch (error) {
+      this.releaseSteps();
+      throw error;
+    }
+  }
+
+  private endEvent(): ApplyOutcome {
+    const error = this.stepError;
+    this.releaseSteps();
     const publication = this.pending >= this.config.publishEveryNEvents ? this.drainPublication() : undefined;
     return error === undefined && publication === undefined ? NOTHING : { firstError: error, publication };
+  }
+
+  /** Ends the application under way (done or abandoned): drops what it held of the event. */
+  private releaseSteps(): void {
+    this.stepping = false;
+    this.phase = IDLE;
+    this.stepLineage = undefined;
+    this.stepBlocks = NO_BLOCKS;
+    this.stepError = undefined;
   }
 
   /** Whether an application in steps is under way (started, not finished). */
@@ -252,13 +350,13 @@ export class DcCkfState {
    */
   drainPublication(): DcCkfPublicationBatch | undefined {
     if (this.pending === 0 && this.window.size === 0) return undefined;
-    const { images, changed, netReverted } = this.window.drain(this.materialize);
+    const { columns, changed, netReverted } = this.window.drain(this.materialize);
     this.distinctTouched += changed + netReverted;
     this.netReverted += netReverted;
     this.pending = 0;
-    if (images.length === 0 || !this.materialize) return undefined;
-    this.emittedImages += images.length;
-    return Object.freeze({ images: Object.freeze(images) });
+    if (columns === undefined || changed === 0) return undefined;
+    this.emittedImages += changed;
+    return new ColumnBatch(columns);
   }
 
   /** Removes every mapping of one member, then drains. */
@@ -405,56 +503,78 @@ export class DcCkfState {
     };
   }
 
-  private *storedSteps(workerId: bigint, dpRank: number, data: Extract<KvCacheEventData, { kind: "stored" }>, pause: PauseCheck): Generator<void, CkfError | undefined, void> {
+  /**
+   * A Stored event's start: the parent must be in the member's lineage, a run
+   * without one must start at position 0 (either failure ends the event with
+   * nothing changed); then the check phase. The shape check has split every
+   * hash into `keys`.
+   */
+  private beginStored(data: Extract<KvCacheEventData, { kind: "stored" }>): void {
     const blocks = data.blocks;
-    const n = blocks.length;
-    if (n === 0) return undefined;
-    let lineage = this.members.get(workerId)?.get(dpRank);
-    // The parent's canonical hash, as halves; `chained` says whether there is one.
-    let chained = false;
-    let parentHi = 0;
-    let parentLo = 0;
+    this.phase = IDLE;
+    if (blocks.length === 0) return;
+    const workerId = this.stepWorker;
+    const dpRank = this.stepRank;
+    const lineage = this.members.get(workerId)?.get(dpRank);
+    this.chained = false;
     if (data.parentHash !== undefined) {
       SPLIT_U64[0] = data.parentHash;
       if (lineage === undefined || !lineage.find(SPLIT_U32[1]!, SPLIT_U32[0]!)) {
         this.parentNotFound++;
-        return new CkfError("ParentBlockNotFound", `parent block ${data.parentHash} is not in the lineage of worker ${workerId} rank ${dpRank}`);
+        this.stepError = new CkfError("ParentBlockNotFound", `parent block ${data.parentHash} is not in the lineage of worker ${workerId} rank ${dpRank}`);
+        return;
       }
-      chained = true;
-      parentHi = lineage.valueHi;
-      parentLo = lineage.valueLo;
+      this.chained = true;
+      this.parentHi = lineage.valueHi;
+      this.parentLo = lineage.valueLo;
     } else if (data.startPosition !== undefined && data.startPosition !== 0) {
-      return new CkfError("InvalidBlockSequence", `a run at start position ${data.startPosition} needs a parent block`);
+      this.stepError = new CkfError("InvalidBlockSequence", `a run at start position ${data.startPosition} needs a parent block`);
+      return;
     }
-    // Chain every canonical hash and check every mapping before touching anything:
-    // a contradicting event is rejected whole.
-    if (this.fresh.length < n) {
-      this.fresh = new Uint8Array(Math.max(n, this.fresh.length * 2));
-      this.canonicals = new Uint32Array(this.fresh.length * 2);
-    }
-    const canonicals = this.canonicals;
+    this.stepLineage = lineage;
+    this.stepBlocks = blocks;
+    this.stepCount = blocks.length;
+    this.stepAt = 0;
+    this.batch.reset(blocks.length);
+    this.phase = STORED_CHECK;
+  }
+
+  /**
+   * Chains every canonical hash and checks every mapping before anything
+   * changes: a contradicting event is rejected whole (InvalidBlockSequence).
+   * Pauses after each block; false when paused.
+   */
+  private checkStored(pause: PauseCheck): boolean {
+    const n = this.stepCount;
+    const lineage = this.stepLineage;
+    const keys = this.keys;
+    const mixes = this.externalMixes;
     const fresh = this.fresh;
     const batch = this.batch;
     const chain = this.chain;
-    batch.reset(n);
-    for (let i = 0; i < n; i++) {
-      const block = blocks[i]!;
-      SPLIT_U64[0] = block.tokensHash;
-      let hi = SPLIT_U32[1]!;
-      let lo = SPLIT_U32[0]!;
+    let chained = this.chained;
+    let parentHi = this.parentHi;
+    let parentLo = this.parentLo;
+    for (let i = this.stepAt; i < n; i++) {
+      const k = i * 4;
+      // The tokens hash, chained onto the previous canonical hash: this block's canonical hash.
+      let hi = keys[k]!;
+      let lo = keys[k + 1]!;
       if (chained) {
         chain.hash(parentHi, parentLo, hi, lo);
         hi = chain.hi;
         lo = chain.lo;
       }
-      SPLIT_U64[0] = block.blockHash;
-      const externalHi = SPLIT_U32[1]!;
-      const externalLo = SPLIT_U32[0]!;
+      const externalHi = keys[k + 2]!;
+      const externalLo = keys[k + 3]!;
+      const mix = mixU64(externalHi, externalLo);
       let conflict: boolean;
-      if (lineage !== undefined && lineage.find(externalHi, externalLo)) {
+      if (lineage !== undefined && lineage.find(externalHi, externalLo, mix)) {
         conflict = lineage.valueHi !== hi || lineage.valueLo !== lo;
         fresh[i] = 0;
-      } else if (batch.find(externalHi, externalLo)) {
+      } else if (batch.findOrAdd(externalHi, externalLo, hi, lo, mix)) {
+        // An earlier block of this event has the same block hash. (One the lineage maps needs no entry
+        // here: a later repeat finds it in the lineage again, checked against the same sequence.)
         conflict = batch.valueHi !== hi || batch.valueLo !== lo;
         fresh[i] = 0;
       } else {
@@ -462,33 +582,61 @@ export class DcCkfState {
         fresh[i] = 1;
       }
       if (conflict) {
-        return new CkfError(
+        this.stepError = new CkfError(
           "InvalidBlockSequence",
-          `block ${block.blockHash} of worker ${workerId} rank ${dpRank} is already mapped to another sequence`,
+          `block ${this.stepBlocks[i]!.blockHash} of worker ${this.stepWorker} rank ${this.stepRank} is already mapped to another sequence`,
         );
+        this.phase = IDLE;
+        return true;
       }
-      batch.set(externalHi, externalLo, hi, lo);
-      canonicals[i * 2] = hi;
-      canonicals[i * 2 + 1] = lo;
+      keys[k] = hi;
+      keys[k + 1] = lo;
+      mixes[i] = mix;
       chained = true;
       parentHi = hi;
       parentLo = lo;
       // Nothing has changed yet; a pause here only delays the rest of the check.
-      if (pause()) yield;
+      if (pause()) {
+        this.chained = true;
+        this.parentHi = hi;
+        this.parentLo = lo;
+        this.stepAt = i + 1;
+        return false;
+      }
     }
-    if (lineage === undefined) lineage = this.addMember(workerId, dpRank);
+    if (lineage === undefined) this.stepLineage = this.addMember(this.stepWorker, this.stepRank);
+    this.stepAt = 0;
+    this.phase = STORED_OWN;
+    return true;
+  }
+
+  /**
+   * Owns each checked block: a new mapping adds an owner and admits the
+   * fingerprint when it is not resident; a known one is a re-offer. Pauses
+   * before each block but the first (a failed insert has rolled back by
+   * then); false when paused.
+   */
+  private ownStored(pause: PauseCheck): boolean {
+    const n = this.stepCount;
+    const lineage = this.stepLineage!;
+    const keys = this.keys;
+    const mixes = this.externalMixes;
+    const fresh = this.fresh;
     const owners = this.owners;
-    let error: CkfError | undefined;
-    for (let i = 0; i < n; i++) {
-      // Each block is done (or skipped) whole before a pause: a failed insert has rolled back by then.
-      if (i > 0 && pause()) yield;
-      SPLIT_U64[0] = blocks[i]!.blockHash;
-      const externalHi = SPLIT_U32[1]!;
-      const externalLo = SPLIT_U32[0]!;
-      const hi = canonicals[i * 2]!;
-      const lo = canonicals[i * 2 + 1]!;
+    // A resumed run does not ask again about the block it paused before.
+    const resumedAt = this.stepAt;
+    for (let i = resumedAt; i < n; i++) {
+      if (i > resumedAt && pause()) {
+        this.stepAt = i;
+        return false;
+      }
+      const k = i * 4;
+      const hi = keys[k]!;
+      const lo = keys[k + 1]!;
+      const externalHi = keys[k + 2]!;
+      const externalLo = keys[k + 3]!;
       // A fresh block hash cannot be in the lineage yet: only this event's earlier blocks were added since the check.
-      const mapped = fresh[i] === 0 && lineage.find(externalHi, externalLo);
+      const mapped = fresh[i] === 0 && lineage.find(externalHi, externalLo, mixes[i]!);
       const owned = owners.find(hi, lo);
       if (mapped && lineage.valueHi === hi && lineage.valueLo === lo) {
         // Re-offer of a known mapping: a cheap retry for a block that once failed admission.
@@ -498,24 +646,44 @@ export class DcCkfState {
       if (!owned) {
         owners.insert(hi, lo);
       } else if (owners.owners >= this.maxOwners) {
-        error ??= new CkfError("OwnershipDegreeOverflow", `sequence ${joinU64(hi, lo)} already has ${owners.owners} owners`);
+        this.stepError ??= new CkfError("OwnershipDegreeOverflow", `sequence ${joinU64(hi, lo)} already has ${owners.owners} owners`);
         continue;
       }
       owners.owners = owners.owners + 1;
-      // The check above refused a block hash mapped to another sequence: unmapped here, in practice.
+      // The check refused a block hash mapped to another sequence: unmapped here, in practice.
       if (mapped) lineage.set(externalHi, externalLo, hi, lo);
-      else lineage.add(externalHi, externalLo, hi, lo);
+      else lineage.add(externalHi, externalLo, hi, lo, mixes[i]!);
       if (owners.resident) continue;
       // Ownership commits even if the filter is full: a later removal must still balance it.
       if (this.admit(hi, lo, true)) {
         owners.resident = true;
       } else {
         this.capacityFailures++;
-        error ??= new CkfError("CapacityExhausted", `no room for sequence ${joinU64(hi, lo)} after ${this.config.maxKicks} kicks`);
+        this.stepError ??= new CkfError("CapacityExhausted", `no room for sequence ${joinU64(hi, lo)} after ${this.config.maxKicks} kicks`);
       }
     }
-    if (lineage.size === 0) this.dropMember(workerId, dpRank);
-    return error;
+    if (lineage.size === 0) this.dropMember(this.stepWorker, this.stepRank);
+    this.phase = IDLE;
+    return true;
+  }
+
+  /** A Removed event's hashes, one mapping each; pauses after each; false when paused. */
+  private removeHashes(pause: PauseCheck): boolean {
+    const n = this.stepCount;
+    const lineage = this.stepLineage;
+    const keys = this.keys;
+    for (let i = this.stepAt; i < n; i++) {
+      const failed = this.removeMapping(lineage, keys[i * 4 + 2]!, keys[i * 4 + 3]!);
+      this.stepError ??= failed;
+      if (pause()) {
+        this.stepAt = i + 1;
+        return false;
+      }
+    }
+    if (lineage !== undefined && lineage.size === 0) this.dropMember(this.stepWorker, this.stepRank);
+    else lineage?.compactIfSparse();
+    this.phase = IDLE;
+    return true;
   }
 
   /** Inserts one fingerprint; a failed insert leaves neither the lane nor the dirty window changed. */
@@ -556,24 +724,115 @@ export class DcCkfState {
     }
   }
 
+  /** Removes every mapping of one member (removeRank, removeWorker): the Cleared application, run in one go. */
   private clearMember(workerId: bigint, dpRank: number): CkfError | undefined {
-    return runToEnd(this.clearSteps(workerId, dpRank, NEVER));
+    this.stepWorker = workerId;
+    this.stepRank = dpRank;
+    this.stepError = undefined;
+    this.beginClear();
+    this.clearLineage(NEVER);
+    const error = this.stepError;
+    this.releaseSteps();
+    return error;
   }
 
-  private *clearSteps(workerId: bigint, dpRank: number, pause: PauseCheck): Generator<void, CkfError | undefined, void> {
-    const lineage = this.members.get(workerId)?.get(dpRank);
-    if (lineage === undefined) return undefined;
-    let error: CkfError | undefined;
+  /** A Cleared application of the member (stepWorker, stepRank): its lineage's entries there are now. */
+  private beginClear(): void {
+    const lineage = this.members.get(this.stepWorker)?.get(this.stepRank);
+    this.stepLineage = lineage;
     // In insertion order, over the entries there now: removals only mark entries dead, nothing is added meanwhile.
-    const end = lineage.end;
-    for (let position = 0; position < end; position++) {
+    this.stepCount = lineage === undefined ? 0 : lineage.end;
+    this.stepAt = 0;
+    this.phase = lineage === undefined ? IDLE : CLEARING;
+  }
+
+  /** Drops the member's mappings, pausing after each; then the member. False when paused. */
+  private clearLineage(pause: PauseCheck): boolean {
+    const lineage = this.stepLineage!;
+    const end = this.stepCount;
+    for (let position = this.stepAt; position < end; position++) {
       if (!lineage.isLive(position)) continue;
       const failed = this.removeMapping(lineage, lineage.keyHi(position), lineage.keyLo(position));
-      error ??= failed;
-      if (pause()) yield;
+      this.stepError ??= failed;
+      if (pause()) {
+        this.stepAt = position + 1;
+        return false;
+      }
     }
-    this.dropMember(workerId, dpRank);
-    return error;
+    this.dropMember(this.stepWorker, this.stepRank);
+    this.phase = IDLE;
+    return true;
+  }
+
+  /**
+   * The shape and range checks of an event that passed the residency gate (so
+   * it is an object), in one pass over its blocks, which also splits each
+   * block's hashes into `keys`: every bigint of the event is read once.
+   * Events come from decoders and other JavaScript, where the type is a
+   * hope: a missing block list or a null block would otherwise throw a bare
+   * TypeError halfway through applying, and a hash outside u64 would alias
+   * another key after the (hi, lo) split. `eventId` and `mmExtraInfo` are
+   * carried, never read, so they are not checked.
+   */
+  private checkEvent(event: RouterEvent): CkfError | undefined {
+    if (!isU64(event.workerId)) return invalidEvent(`workerId ${describeValue(event.workerId)} is not a u64`);
+    if (!isU32(event.dpRank)) return invalidEvent(`dpRank ${describeValue(event.dpRank)} is not a u32`);
+    const data: unknown = event.data;
+    if (typeof data !== "object" || data === null) return invalidEvent(`event data ${describeValue(data)} is not an object`);
+    const body = data as Partial<Record<string, unknown>>;
+    switch (body.kind) {
+      case "stored": {
+        const { parentHash, startPosition, blocks } = body;
+        if (parentHash !== undefined && !isU64(parentHash)) return invalidEvent(`parent hash ${describeValue(parentHash)} is not a u64`);
+        if (startPosition !== undefined && !isU32(startPosition)) return invalidEvent(`start position ${describeValue(startPosition)} is not a u32`);
+        if (!Array.isArray(blocks)) return invalidEvent(`a Stored event's blocks are ${describeValue(blocks)}, not an array`);
+        const keys = this.scratchFor(blocks.length);
+        for (let i = 0; i < blocks.length; i++) {
+          const block: unknown = blocks[i];
+          if (typeof block !== "object" || block === null) return invalidEvent(`block ${i} is ${describeValue(block)}, not an object`);
+          const { blockHash, tokensHash } = block as Partial<StoredBlock>;
+          if (!isU64(blockHash) || !isU64(tokensHash)) {
+            return invalidEvent(`block ${i}: block hash ${describeValue(blockHash)} / tokens hash ${describeValue(tokensHash)} is not a u64`);
+          }
+          const k = i * 4;
+          SPLIT_U64[0] = tokensHash;
+          keys[k] = SPLIT_U32[1]!;
+          keys[k + 1] = SPLIT_U32[0]!;
+          SPLIT_U64[0] = blockHash;
+          keys[k + 2] = SPLIT_U32[1]!;
+          keys[k + 3] = SPLIT_U32[0]!;
+        }
+        return undefined;
+      }
+      case "removed": {
+        const hashes = body.blockHashes;
+        if (!Array.isArray(hashes)) return invalidEvent(`a Removed event's block hashes are ${describeValue(hashes)}, not an array`);
+        const keys = this.scratchFor(hashes.length);
+        for (let i = 0; i < hashes.length; i++) {
+          const hash: unknown = hashes[i];
+          if (!isU64(hash)) return invalidEvent(`removed block hash ${i} (${describeValue(hash)}) is not a u64`);
+          SPLIT_U64[0] = hash;
+          keys[i * 4 + 2] = SPLIT_U32[1]!;
+          keys[i * 4 + 3] = SPLIT_U32[0]!;
+        }
+        return undefined;
+      }
+      case "cleared":
+        return undefined;
+      default:
+        return invalidEvent(`unknown event kind ${describeValue(body.kind)}`);
+    }
+  }
+
+  /** The per-block scratch arrays, with room for `n` blocks. */
+  private scratchFor(n: number): Uint32Array {
+    if (this.fresh.length < n) {
+      const capacity = Math.max(n, this.fresh.length * 2);
+      this.fresh = new Uint8Array(capacity);
+      this.externalMixes = new Int32Array(capacity);
+      this.keys = new Uint32Array(capacity * 4);
+    }
+    return this.keys;
   }
 
   private addMember(workerId: bigint, dpRank: number): LineageMap {
@@ -592,52 +851,6 @@ export class DcCkfState {
     if (ranks === undefined) return;
     ranks.delete(dpRank);
     if (ranks.size === 0) this.members.delete(workerId);
-  }
-}
-
-/**
- * The shape and range checks of an event that passed the residency gate (so
- * it is an object), in one pass over its blocks. Events come from decoders
- * and other JavaScript, where the type is a hope: a missing block list or a
- * null block would otherwise throw a bare TypeError halfway through applying,
- * and a hash outside u64 would alias another key after the (hi, lo) split.
- * `eventId` and `mmExtraInfo` are carried, never read, so they are not checked.
- */
-function checkEvent(event: RouterEvent): CkfError | undefined {
-  if (!isU64(event.workerId)) return invalidEvent(`workerId ${describeValue(event.workerId)} is not a u64`);
-  if (!isU32(event.dpRank)) return invalidEvent(`dpRank ${describeValue(event.dpRank)} is not a u32`);
-  const data: unknown = event.data;
-  if (typeof data !== "object" || data === null) return invalidEvent(`event data ${describeValue(data)} is not an object`);
-  const body = data as Partial<Record<string, unknown>>;
-  switch (body.kind) {
-    case "stored": {
-      const { parentHash, startPosition, blocks } = body;
-      if (parentHash !== undefined && !isU64(parentHash)) return invalidEvent(`parent hash ${describeValue(parentHash)} is not a u64`);
-      if (startPosition !== undefined && !isU32(startPosition)) return invalidEvent(`start position ${describeValue(startPosition)} is not a u32`);
-      if (!Array.isArray(blocks)) return invalidEvent(`a Stored event's blocks are ${describeValue(blocks)}, not an array`);
-      for (let i = 0; i < blocks.length; i++) {
-        const block: unknown = blocks[i];
-        if (typeof block !== "object" || block === null) return invalidEvent(`block ${i} is ${describeValue(block)}, not an object`);
-        const { blockHash, tokensHash } = block as Partial<StoredBlock>;
-        if (!isU64(blockHash) || !isU64(tokensHash)) {
-          return invalidEvent(`block ${i}: block hash ${describeValue(blockHash)} / tokens hash ${describeValue(tokensHash)} is not a u64`);
-        }
-      }
-      return undefined;
-    }
-    case "removed": {
-      const hashes = body.blockHashes;
-      if (!Array.isArray(hashes)) return invalidEvent(`a Removed event's block hashes are ${describeValue(hashes)}, not an array`);
-      for (let i = 0; i < hashes.length; i++) {
-        const hash: unknown = hashes[i];
-        if (!isU64(hash)) return invalidEvent(`removed block hash ${i} (${describeValue(hash)}) is not a u64`);
-      }
-      return undefined;
-    }
-    case "cleared":
-      return undefined;
-    default:
-      return invalidEvent(`unknown event kind ${describeValue(body.kind)}`);
   }
 }
 

@@ -253,10 +253,13 @@ export class LineageMap {
     return this.entries[position * 4 + 1]!;
   }
 
-  /** Looks (hi, lo) up; when present, its value is left in `valueHi` / `valueLo`. */
-  find(hi: number, lo: number): boolean {
+  /**
+   * Looks (hi, lo) up; when present, its value is left in `valueHi` /
+   * `valueLo`. `hash` is `mixU64(hi, lo)`, for a caller that has it already.
+   */
+  find(hi: number, lo: number, hash = mixU64(hi, lo)): boolean {
     const { entries, index, mask } = this;
-    let slot = mixU64(hi, lo) & mask;
+    let slot = hash & mask;
     for (;;) {
       const e = index[slot]!;
       if (e === 0) return false;
@@ -282,8 +285,8 @@ export class LineageMap {
     this.add(hi, lo, valueHi, valueLo);
   }
 
-  /** Adds (hi, lo), which must be absent (a `find` just said so), as the newest entry. */
-  add(hi: number, lo: number, valueHi: number, valueLo: number): void {
+  /** Adds (hi, lo), which must be absent (a `find` just said so), as the newest entry; `hash` as for `find`. */
+  add(hi: number, lo: number, valueHi: number, valueLo: number, hash = mixU64(hi, lo)): void {
     if (this.used === this.dead.length) this.makeRoom();
     const position = this.used++;
     const p = position * 4;
@@ -293,7 +296,7 @@ export class LineageMap {
     entries[p + 2] = valueHi;
     entries[p + 3] = valueLo;
     this.dead[position] = 0;
-    this.place(hi, lo, position);
+    this.place(hash, position);
     this.live++;
   }
 
@@ -364,12 +367,12 @@ export class LineageMap {
     this.used = n;
     this.index = new Int32Array(capacity * 2);
     this.mask = this.index.length - 1;
-    for (let position = 0; position < n; position++) this.place(next[position * 4]!, next[position * 4 + 1]!, position);
+    for (let position = 0; position < n; position++) this.place(mixU64(next[position * 4]!, next[position * 4 + 1]!), position);
   }
 
-  private place(hi: number, lo: number, position: number): void {
+  private place(hash: number, position: number): void {
     const { index, mask } = this;
-    let slot = mixU64(hi, lo) & mask;
+    let slot = hash & mask;
     while (index[slot] !== 0) slot = (slot + 1) & mask;
     index[slot] = position + 1;
   }
@@ -424,6 +427,29 @@ export class EventScratchMap {
       }
       at = (at + 1) & mask;
     }
+    return false;
+  }
+
+  /**
+   * Looks (hi, lo) up as `find` does; when absent, adds it with (valueHi,
+   * valueLo) as `set` would, in the same probe. `hash` is `mixU64(hi, lo)`.
+   */
+  findOrAdd(hi: number, lo: number, valueHi: number, valueLo: number, hash = mixU64(hi, lo)): boolean {
+    const { stamp, mask, generation, keyHi, keyLo } = this;
+    let at = hash & mask;
+    while (stamp[at] === generation) {
+      if (keyLo[at] === lo && keyHi[at] === hi) {
+        this.valueHi = this.valHi[at]!;
+        this.valueLo = this.valLo[at]!;
+        return true;
+      }
+      at = (at + 1) & mask;
+    }
+    stamp[at] = generation;
+    keyHi[at] = hi;
+    keyLo[at] = lo;
+    this.valHi[at] = valueHi;
+    this.valLo[at] = valueLo;
     return false;
   }
 

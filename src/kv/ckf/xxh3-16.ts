@@ -76,38 +76,29 @@ export class Xxh3Of16 {
     const yHi = (bHi ^ this.flip2Hi) >>> 0;
     const yLo = (bLo ^ this.flip2Lo) >>> 0;
 
-    // The 128-bit product x * y in 16-bit limbs, column by column (each column sum stays below 2^53).
-    const x0 = xLo & 0xffff;
-    const x1 = xLo >>> 16;
-    const x2 = xHi & 0xffff;
-    const x3 = xHi >>> 16;
-    const y0 = yLo & 0xffff;
-    const y1 = yLo >>> 16;
-    const y2 = yHi & 0xffff;
-    const y3 = yHi >>> 16;
-    let c = x0 * y0;
-    const r0 = c % 0x1_0000;
-    c = Math.floor(c / 0x1_0000) + x0 * y1 + x1 * y0;
-    const r1 = c % 0x1_0000;
-    c = Math.floor(c / 0x1_0000) + x0 * y2 + x1 * y1 + x2 * y0;
-    const r2 = c % 0x1_0000;
-    c = Math.floor(c / 0x1_0000) + x0 * y3 + x1 * y2 + x2 * y1 + x3 * y0;
-    const r3 = c % 0x1_0000;
-    c = Math.floor(c / 0x1_0000) + x1 * y3 + x2 * y2 + x3 * y1;
-    const r4 = c % 0x1_0000;
-    c = Math.floor(c / 0x1_0000) + x2 * y3 + x3 * y2;
-    const r5 = c % 0x1_0000;
-    c = Math.floor(c / 0x1_0000) + x3 * y3;
-    const r6 = c % 0x1_0000;
-    const r7 = Math.floor(c / 0x1_0000);
-    const foldHi = ((r3 * 0x1_0000 + r2) ^ (r7 * 0x1_0000 + r6)) >>> 0;
-    const foldLo = ((r1 * 0x1_0000 + r0) ^ (r5 * 0x1_0000 + r4)) >>> 0;
+    // The 128-bit product x * y from its four 32 x 32-bit partial products, each as (high, low) halves;
+    // the column sums stay below 2^35, exact in a double, and their carries are exact divisions.
+    const l0 = Math.imul(xLo, yLo) >>> 0;
+    const h0 = mulHi32(xLo, yLo);
+    const l1 = Math.imul(xLo, yHi) >>> 0;
+    const h1 = mulHi32(xLo, yHi);
+    const l2 = Math.imul(xHi, yLo) >>> 0;
+    const h2 = mulHi32(xHi, yLo);
+    const l3 = Math.imul(xHi, yHi) >>> 0;
+    const h3 = mulHi32(xHi, yHi);
+    const s1 = h0 + l1 + l2;
+    const r1 = s1 >>> 0;
+    const s2 = h1 + h2 + l3 + (s1 - r1) / TWO_32;
+    const r2 = s2 >>> 0;
+    const r3 = (h3 + (s2 - r2) / TWO_32) >>> 0;
+    // fold64: the low half of the product (r1:l0) xor its high half (r3:r2).
+    const foldHi = (r1 ^ r3) >>> 0;
+    const foldLo = (l0 ^ r2) >>> 0;
 
     // acc = 16 + bswap64(x) + y + fold (mod 2^64); bswap64 swaps the halves and each half's bytes.
-    let lo = 16 + bswap32(xHi) + yLo + foldLo;
-    let hi = bswap32(xLo) + yHi + foldHi + Math.floor(lo / TWO_32);
-    lo >>>= 0;
-    hi >>>= 0;
+    const sum = 16 + bswap32(xHi) + yLo + foldLo;
+    let lo = sum >>> 0;
+    const hi = (bswap32(xLo) + yHi + foldHi + (sum - lo) / TWO_32) >>> 0;
 
     // Avalanche: h ^= h >> 37; h *= MX1; h ^= h >> 32.
     lo = (lo ^ (hi >>> 5)) >>> 0;

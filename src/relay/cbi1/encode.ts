@@ -20,7 +20,7 @@ import {
 import { Cbi1Error, describe } from "./errors.js";
 import { formatArg, type FilterFormat } from "./format.js";
 import { allocFrame, patchChecksum, writeHeader } from "./header.js";
-import { assertLittleEndianHost, isU64, u32Arg, u64Arg } from "./u64.js";
+import { assertLittleEndianHost, HOST_IS_LITTLE_ENDIAN, isU64, u32Arg, u64Arg } from "./u64.js";
 
 /** One absolute bucket image: the bucket's whole u64 word after the batch (0 = emptied). */
 export interface BucketImage {
@@ -110,6 +110,20 @@ export function encodeDelta(
     const { buckets, values } = columns;
     const typedBuckets = buckets instanceof Uint32Array;
     const typedValues = values instanceof BigUint64Array;
+    if (typedValues && HOST_IS_LITTLE_ENDIAN) {
+      // Each value as its two u32 halves (low first on this host): no BigInt per image.
+      const halves = new Uint32Array(values.buffer, values.byteOffset, count * 2);
+      for (let i = 0; i < count; i++, at += DELTA_IMAGE_LEN) {
+        const bucket: unknown = buckets[i];
+        if (!typedBuckets && (typeof bucket !== "number" || bucket >>> 0 !== bucket)) throw invalidBucket(bucket, bucketCount);
+        if ((bucket as number) >= bucketCount) throw invalidBucket(bucket, bucketCount);
+        view.setUint32(at, bucket as number, true);
+        view.setUint32(at + 4, halves[i * 2]!, true);
+        view.setUint32(at + 8, halves[i * 2 + 1]!, true);
+      }
+      patchChecksum(bytes, view);
+      return bytes;
+    }
     for (let i = 0; i < count; i++, at += DELTA_IMAGE_LEN) {
       const bucket: unknown = buckets[i];
       if (!typedBuckets && (typeof bucket !== "number" || bucket >>> 0 !== bucket)) throw invalidBucket(bucket, bucketCount);

@@ -22,7 +22,7 @@ export function u32Arg(value: unknown, what: string): number {
 }
 
 /** Checked once: typed-array words are the wire's LE bytes only on a little-endian host. */
-const HOST_IS_LITTLE_ENDIAN = new Uint8Array(Uint16Array.of(0x0102).buffer)[0] === 0x02;
+export const HOST_IS_LITTLE_ENDIAN = new Uint8Array(Uint16Array.of(0x0102).buffer)[0] === 0x02;
 
 export function assertLittleEndianHost(): void {
   if (!HOST_IS_LITTLE_ENDIAN) {

@@ -9,7 +9,7 @@
  * install, recovery) the owner calls publishSnapshot with a barrier snapshot;
  * publishDelta tells it when recovery is required.
  */
-import { relayLease, sameLease, sameProducerIdentity, type DcCkfDelta, type DcCkfSnapshot, type LaneLease, type ProducerIdentity } from "../../kv/index.js";
+import { imageCount, relayLease, sameLease, sameProducerIdentity, type DcCkfDelta, type DcCkfSnapshot, type LaneLease, type ProducerIdentity } from "../../kv/index.js";
 import { SYSTEM_HUB_CLOCK, type HubClock } from "./clock.js";
 import { HubError } from "./errors.js";
 import { FRAME_ENVELOPE_HEADROOM_BYTES, hubLimits, queueLimits, type HubLimits } from "./limits.js";
@@ -148,7 +148,7 @@ export class PublicationHub {
     if (this.stateValue !== "ready" || mirror === undefined) return { kind: "awaiting_snapshot" };
     // No frame: the delta did not fit one (the encoder refused its image count).
     const cause: RecoveryCause | undefined =
-      frame === undefined || delta.images.length > this.limits.maxDeltaImages
+      frame === undefined || imageCount(delta) > this.limits.maxDeltaImages
         ? "delta_images"
         : frame.payload.length > this.limits.maxFrameBytes
           ? "frame_bytes"

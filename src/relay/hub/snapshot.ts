@@ -189,12 +189,25 @@ export class HubMirror {
       });
     }
     const length = this.lane.words.length;
-    for (const image of delta.images) {
-      if (!Number.isSafeInteger(image.bucket) || image.bucket < 0 || image.bucket >= length) {
-        throw new HubError("BucketOutOfRange", `bucket ${String(image.bucket)} is outside a lane of ${length}`, { details: { bucket: image.bucket, length } });
+    const columns = delta.columns;
+    if (columns === undefined) {
+      for (const image of delta.images) {
+        if (!Number.isSafeInteger(image.bucket) || image.bucket < 0 || image.bucket >= length) {
+          throw new HubError("BucketOutOfRange", `bucket ${String(image.bucket)} is outside a lane of ${length}`, { details: { bucket: image.bucket, length } });
+        }
+        if (typeof image.value !== "bigint" || BigInt.asUintN(64, image.value) !== image.value) {
+          throw new HubError("InvalidImage", `the image of bucket ${image.bucket} is not a u64`, { details: { bucket: image.bucket } });
+        }
       }
-      if (typeof image.value !== "bigint" || BigInt.asUintN(64, image.value) !== image.value) {
-        throw new HubError("InvalidImage", `the image of bucket ${image.bucket} is not a u64`, { details: { bucket: image.bucket } });
+    } else {
+      // Columns hold u32 buckets and u64 values by their types: only the lane's bound is left to check.
+      const buckets = columns.buckets;
+      if (columns.values.length !== buckets.length) {
+        throw new HubError("InvalidImage", `${buckets.length} buckets but ${columns.values.length} values`);
+      }
+      for (let i = 0; i < buckets.length; i++) {
+        const bucket = buckets[i]!;
+        if (bucket >= length) throw new HubError("BucketOutOfRange", `bucket ${bucket} is outside a lane of ${length}`, { details: { bucket, length } });
       }
     }
     if (this.lane.pins > 0) {
@@ -213,9 +226,22 @@ export class HubMirror {
     }
     const words = this.lane.words;
     const fill = this.fill;
-    for (const image of delta.images) {
-      words[image.bucket] = image.value;
-      fill?.noteWrite(image.bucket);
+    if (columns === undefined) {
+      for (const image of delta.images) {
+        words[image.bucket] = image.value;
+        fill?.noteWrite(image.bucket);
+      }
+    } else {
+      // Word for word as u32 halves, the same bytes on either host: no BigInt per image.
+      const { buckets, values } = columns;
+      const to = new Uint32Array(words.buffer, words.byteOffset, words.length * 2);
+      const from = new Uint32Array(values.buffer, values.byteOffset, values.length * 2);
+      for (let i = 0; i < buckets.length; i++) {
+        const bucket = buckets[i]!;
+        to[bucket * 2] = from[i * 2]!;
+        to[bucket * 2 + 1] = from[i * 2 + 1]!;
+        fill?.noteWrite(bucket);
+      }
     }
     this.sequenceValue = delta.sequence;
   }

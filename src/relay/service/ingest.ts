@@ -25,7 +25,7 @@ import { PublishResponseSchema, type PublishRequest, type RouterEvent as WireRou
 import { CkfError, type KvCacheEventData, type RouterEvent, type StorageTier } from "../../kv/index.js";
 import type { WorkSlicer } from "../../util/index.js";
 import type { RelayMetrics } from "./metrics.js";
-import type { RelayPool } from "./pool.js";
+import { APPLY_PAUSED, type RelayPool } from "./pool.js";
 import type { Relay } from "./relay.js";
 
 /** Rejections a summary reports one by one; the rest are only counted. */
@@ -107,8 +107,13 @@ export async function applyWireEvents(
     if (event instanceof CkfError) {
       error = event;
     } else {
-      const done = slicer.finish(pool.applyInSteps(event, slicer.due));
-      error = done instanceof Promise ? await done : done;
+      // RelayPool.applyInSteps through the slicer, without a generator per event: a turn between pauses.
+      let done = pool.applyUntil(event, slicer.due);
+      while (done === APPLY_PAUSED) {
+        await slicer.yieldTurn();
+        done = pool.continueApply(slicer.due);
+      }
+      error = done;
     }
     if (error === undefined) {
       outcome.applied += 1;

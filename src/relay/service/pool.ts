@@ -33,7 +33,9 @@ import {
   poolId,
   producerIdentity,
   type CanonicalModelRegistration,
+  type ApplyOutcome,
   type DcCkfDelta,
+  type DcCkfPublicationBatch,
   type PauseCheck,
   type ProducerIdentity,
   type RouterEvent,
@@ -93,13 +95,8 @@ function registrationOf(model: ModelRegistrationConfig): CanonicalModelRegistrat
 /** Never pauses: `apply` runs the stepped application in one go. */
 const NEVER: PauseCheck = () => false;
 
-/** Runs steps that never pause to their value. */
-function runToEnd<T>(steps: Generator<void, T, void>): T {
-  for (;;) {
-    const step = steps.next();
-    if (step.done === true) return step.value;
-  }
-}
+/** What `applyUntil` and `continueApply` answer while the event is paused. */
+export const APPLY_PAUSED: unique symbol = Symbol("RelayPool: the event is paused");
 
 /**
  * Lanes up to this many buckets (8 MiB, a few milliseconds) are copied for a
@@ -142,6 +139,8 @@ export class RelayPool {
   private pending = 0;
   /** Last event time per worker, for readiness. */
   private readonly workerSeen = new Map<bigint, number>();
+  /** The event applyUntil paused, until continueApply finishes it. */
+  private paused: RouterEvent | undefined;
   private applied = 0;
   private rejected = 0;
   private deltas = 0;
@@ -227,7 +226,8 @@ export class RelayPool {
    * without a pause.
    */
   apply(event: RouterEvent): CkfError | undefined {
-    return runToEnd(this.applyInSteps(event, NEVER));
+    const done = this.applyUntil(event, NEVER);
+    return done === APPLY_PAUSED ? undefined : done;
   }
 
   /**
@@ -238,11 +238,51 @@ export class RelayPool {
    * threshold, a flush) waits for the end of the event, so deltas always end
    * at event boundaries. Only a barrier snapshot (a hub opening) may see the
    * event partly applied, a consistent lane that the following deltas
-   * complete.
+   * complete. It is applyUntil and continueApply in a generator.
    */
   *applyInSteps(event: RouterEvent, pause: PauseCheck): Generator<void, CkfError | undefined, void> {
+    let done = this.applyUntil(event, pause);
+    try {
+      while (done === APPLY_PAUSED) {
+        yield;
+        done = this.continueApply(pause);
+      }
+    } finally {
+      if (done === APPLY_PAUSED) {
+        this.paused = undefined;
+        this.state.abandonEvent();
+      }
+    }
+    return done;
+  }
+
+  /**
+   * The stepped application without a generator (DcCkfState.applyEventUntil),
+   * for a caller that applies many events and rarely pauses: applies `event`
+   * until it is done, or until `pause` says so between blocks. Returns what
+   * `apply` returns once the event is done, APPLY_PAUSED when it paused; then
+   * `continueApply(pause)` goes on, in a later turn, until it is done. The
+   * rules of applyInSteps hold.
+   */
+  applyUntil(event: RouterEvent, pause: PauseCheck): CkfError | undefined | typeof APPLY_PAUSED {
     if (this.closed) return new CkfError("InvalidEvent", `pool ${this.name} is closed`);
-    const outcome = yield* this.state.applyEventInSteps(event, pause);
+    const outcome = this.state.applyEventUntil(event, pause);
+    if (outcome !== undefined) return this.eventDone(event, outcome);
+    this.paused = event;
+    return APPLY_PAUSED;
+  }
+
+  /** Goes on with the event applyUntil paused; the same answers. */
+  continueApply(pause: PauseCheck): CkfError | undefined | typeof APPLY_PAUSED {
+    const outcome = this.state.continueEvent(pause);
+    if (outcome === undefined) return APPLY_PAUSED;
+    const event = this.paused!;
+    this.paused = undefined;
+    return this.eventDone(event, outcome);
+  }
+
+  /** An event's end: its worker seen, its count, and the publication it makes due. */
+  private eventDone(event: RouterEvent, outcome: ApplyOutcome): CkfError | undefined {
     if (typeof event?.workerId === "bigint") this.workerSeen.set(event.workerId, this.ctx.now());
     if (outcome.firstError !== undefined) this.rejected += 1;
     else this.applied += 1;
@@ -306,7 +346,7 @@ export class RelayPool {
     if (this.flushTimer !== undefined) clearTimeout(this.flushTimer);
     this.flushTimer = undefined;
     const batch = this.state.flush();
-    if (batch !== undefined) this.publish(batch.images);
+    if (batch !== undefined) this.publish(batch);
   }
 
   /**
@@ -556,9 +596,9 @@ export class RelayPool {
     return "accepted";
   }
 
-  private publish(images: DcCkfDelta["images"]): void {
+  private publish(batch: DcCkfPublicationBatch): void {
     try {
-      const result = this.publisher.publish({ images });
+      const result = this.publisher.publish(batch);
       if (result.kind === "published") {
         this.deltas += 1;
         this.ctx.onDelta?.(this);

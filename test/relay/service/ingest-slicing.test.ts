@@ -13,6 +13,8 @@ import { Health, HealthCheckResponse_ServingStatus as S } from "../../../gen/grp
 import { KvEventService, PublishRequestSchema, RouterEventSchema, type RouterEvent as WireRouterEvent } from "../../../gen/mmgate/kvevents/v1/kvevents_pb.js";
 import { DcCkfState, DEFAULT_CKF_CONFIG, type RouterEvent } from "../../../src/kv/index.js";
 import { routerEventToWire } from "../../../src/relay/publish-cli.js";
+import { APPLY_PAUSED } from "../../../src/relay/service/pool.js";
+import { Relay, relayConfigSchema } from "../../../src/relay/service/index.js";
 import { eventually, requireNats, startNats, type NatsServer } from "../../support/index.js";
 import { ckfWorkload } from "../../kv/ckf-workload.js";
 import { chain, startRelay, stored, type RelayServer } from "./support.js";
@@ -173,6 +175,49 @@ describe("relay ingest: sliced application", function () {
       const expected = direct.words();
       expect(Buffer.from(lane.buffer, lane.byteOffset, lane.byteLength).equals(Buffer.from(expected.buffer, expected.byteOffset, expected.byteLength))).to.equal(true);
       expect(pool.occupancy()).to.deep.equal({ uniqueBlocks: direct.stats().uniqueBlocks, ranks: direct.stats().members });
+    });
+  });
+
+  describe("RelayPool: the stepped application with and without a generator", () => {
+    const poolOf = () => new Relay(relayConfigSchema.parse({ pools: [{ name: "p", expectedBlocks: 64 }], maxBlocksPerEvent: 40 })).pool("p")!;
+
+    it("applyUntil / continueApply pause where applyInSteps yields, and leave the same lane, counts and rejections", () => {
+      const events: RouterEvent[] = ckfWorkload({ seed: 11, events: 400, maxBlocks: 30, overLimit: 41 });
+      const a = poolOf();
+      const b = poolOf();
+      let n = 0;
+      let m = 0;
+      let yields = 0;
+      let pauses = 0;
+      for (const event of events) {
+        const steps = a.applyInSteps(event, () => ++n % 3 === 0);
+        let step = steps.next();
+        while (step.done !== true) {
+          yields += 1;
+          step = steps.next();
+        }
+        const pause = () => ++m % 3 === 0;
+        let done = b.applyUntil(event, pause);
+        while (done === APPLY_PAUSED) {
+          pauses += 1;
+          done = b.continueApply(pause);
+        }
+        expect(done?.code).to.equal(step.value?.code);
+      }
+      expect(pauses).to.equal(yields).and.to.be.greaterThan(100);
+      expect(Buffer.from(b.words().buffer).equals(Buffer.from(a.words().buffer))).to.equal(true);
+      expect(b.stats()).to.deep.include({ eventsApplied: a.stats().eventsApplied, eventsRejected: a.stats().eventsRejected });
+    });
+
+    it("an applyInSteps generator returned mid-event releases the pool's state", () => {
+      const pool = poolOf();
+      const blocks = Array.from({ length: 10 }, (_, i) => ({ blockHash: BigInt(100 + i), tokensHash: BigInt(7 + i) }));
+      const event: RouterEvent = { workerId: 1n, dpRank: 0, eventId: 1n, data: { kind: "stored", blocks } };
+      const steps = pool.applyInSteps(event, () => true);
+      expect(steps.next().done).to.equal(false);
+      expect(() => pool.apply(event)).to.throw(/being applied in steps/);
+      steps.return(undefined);
+      expect(pool.apply({ ...event, workerId: 2n })).to.equal(undefined);
     });
   });
 
