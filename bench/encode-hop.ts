@@ -43,7 +43,8 @@
  *
  * Env: BENCH_ROUNDS (9), BENCH_MS per all-processes measurement (2000),
  * BENCH_WARMUP_MS before each (500), BENCH_TOKEN_INTERVAL_MS (the paced
- * run's pause before each token, 5), BENCH_CALLS (calls per in-process
+ * run's pause before each token, 5), BENCH_ONLY (the parts to run,
+ * comma-separated: instant, paced, in-process), BENCH_CALLS (calls per in-process
  * passthrough sample, 400), BENCH_IN_FLIGHT (16). MMGATE_* variables reach
  * both server processes (e.g. MMGATE_RPC__LEAN_PATH=false); BENCH_CPU_PROF=DIR
  * writes each server process's V8 CPU profile there. Exits 1 when a
@@ -76,6 +77,8 @@ const DURATION_MS = Number(process.env.BENCH_MS ?? 2000);
 const WARMUP_MS = Number(process.env.BENCH_WARMUP_MS ?? 500);
 /** The paced run's pause before each token: a fast engine's decode step. */
 const PACE_MS = Number(process.env.BENCH_TOKEN_INTERVAL_MS ?? 5);
+/** BENCH_ONLY: which parts run (instant, paced, in-process; comma-separated), all by default. */
+const PARTS = new Set((process.env.BENCH_ONLY ?? "instant,paced,in-process").split(",").map((part) => part.trim()));
 const TARGET_LATENCY = 1.3;
 const TARGET_THROUGHPUT = 0.7;
 
@@ -450,10 +453,12 @@ async function inProcess(): Promise<void> {
 
 let ok = false;
 try {
-  await allProcesses(0);
-  console.log();
-  await allProcesses(PACE_MS);
-  await inProcess();
+  if (PARTS.has("instant")) await allProcesses(0);
+  if (PARTS.has("paced")) {
+    console.log();
+    await allProcesses(PACE_MS);
+  }
+  if (PARTS.has("in-process")) await inProcess();
   ok = true;
 } finally {
   await remoteHost?.shutdown().catch(() => undefined);
