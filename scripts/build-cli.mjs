@@ -8,8 +8,13 @@
 //   its own, so `mmgate version` still loads none of what `serve` needs.
 // - Packages stay external: imported from node_modules at run time, exactly
 //   as the sources import them.
-// - keepNames and the Node target as tsx compiles the sources, so a function's
-//   `name` is the same on both paths.
+// - The Node target as tsx compiles the sources, without keepNames: with it,
+//   every closure made at run time (several per RPC) calls a helper that
+//   redefines its `name`, a few per cent of a call's CPU. Names stay the
+//   sources' except where the bundle renames a top-level binding that two
+//   modules share (a helper function's stack-frame name gets a digit); a
+//   class is never renamed (the build fails if one would be), since its name
+//   is what logs and errors show (pino's `type`).
 // - Source maps (without the sources' text): stack traces name src/ files
 //   once bin/mmgate.js turns source maps on.
 //
@@ -101,7 +106,7 @@ try {
     platform: "node",
     format: "esm",
     target: "node20.19",
-    keepNames: true,
+    keepNames: false,
     sourcemap: "linked",
     sourcesContent: false,
     chunkNames: "chunk-[hash]",
@@ -142,6 +147,29 @@ if (strays.size > 0) {
       `whose chunks sit at another depth; locate files from rootUrl (${PATHS_MODULE}) instead`,
   );
 }
+
+// Every class keeps its source name: one the bundle renamed to avoid a
+// collision (`class Foo2`, `var Foo2 = class`) would log and report under the
+// wrong name without keepNames.
+const sourceClasses = new Set();
+const walk = (dir) => {
+  for (const entry of readdirSync(dir, { withFileTypes: true })) {
+    const path = join(dir, entry.name);
+    if (entry.isDirectory()) walk(path);
+    else if (entry.name.endsWith(".ts")) for (const m of readFileSync(path, "utf8").matchAll(/\bclass\s+([A-Za-z_$][\w$]*)/g)) sourceClasses.add(m[1]);
+  }
+};
+walk(join(root, "src"));
+walk(join(root, "gen"));
+const renamed = new Set();
+for (const file of outputs) {
+  if (!file.path.endsWith(".js")) continue;
+  for (const m of file.text.matchAll(/(?:\b(?:var|let|const)\s+([A-Za-z_$][\w$]*)\s*=\s*class\b|^\s*class\s+([A-Za-z_$][\w$]*))/gm)) {
+    const name = m[1] ?? m[2];
+    if (!sourceClasses.has(name)) renamed.add(name);
+  }
+}
+if (renamed.size > 0) fail(`the bundle renamed classes (${[...renamed].sort().join(", ")}): give them names no other module uses`);
 
 // Write what changed; main.js, the file that leads to all others, last.
 const entry = join(root, DIST_ENTRY);
