@@ -1,12 +1,12 @@
 import type { ClientHttp2Stream, IncomingHttpHeaders, OutgoingHttpHeaders } from "node:http2";
 import { constants as h2 } from "node:http2";
 import type { DescMessage, DescMethod, DescMethodStreaming, DescMethodUnary } from "@bufbuild/protobuf";
+import { create, isMessage } from "@bufbuild/protobuf";
 import type { ContextValues, Interceptor, StreamRequest, StreamResponse, Transport, UnaryRequest, UnaryResponse } from "@connectrpc/connect";
 import { Code, ConnectError, createContextValues } from "@connectrpc/connect";
 import type { Http2SessionManager } from "@connectrpc/connect-node";
 import { compressionBrotli, compressionGzip } from "@connectrpc/connect-node";
 import type { Compression } from "@connectrpc/connect/protocol";
-import { runStreamingCall, runUnaryCall } from "@connectrpc/connect/protocol";
 import { requestHeader, validateResponse, validateTrailer } from "@connectrpc/connect/protocol-grpc";
 import type { EnvelopeSink } from "../wire/index.js";
 import {
@@ -28,11 +28,13 @@ import {
 /**
  * A gRPC client transport for unary and server-streaming calls that talks
  * to the HTTP/2 stream itself: one frame out, frames in, parsed as the
- * caller reads them. It runs the same interceptors, deadline and signal
- * handling as connect's gRPC transport (connect's own `runUnaryCall` and
- * `runStreamingCall`), sends the same request headers and reports the same
- * errors, but without connect's per-call async-iterable pipeline, which is
- * most of a small call's client-side cost. Client and bidi streams go to
+ * caller reads them. It runs the interceptors (their chains made once, not
+ * per call), deadline and signal handling as connect's gRPC transport does
+ * (`runUnaryCall`, `runStreamingCall`: the call's signal aborts when the
+ * call ends, whichever way), sends the same request headers and reports the
+ * same errors, but without connect's per-call async-iterable pipeline and
+ * with one abort controller per call, which is most of a small call's
+ * client-side cost. Client and bidi streams go to
  * `fallback` (connect's transport on the same session).
  *
  * It never asks for compressed responses (tensors and frames barely
@@ -53,9 +55,115 @@ export interface LeanTransportOptions {
 
 type HeaderInit = ConstructorParameters<typeof Headers>[0];
 
+type UnaryFn = (req: UnaryRequest) => Promise<UnaryResponse>;
+type StreamFn = (req: StreamRequest) => Promise<StreamResponse>;
+
+/** Wraps `next` in the interceptors, the first outermost (as connect applies them). */
+function intercepted<F>(next: F, interceptors: readonly Interceptor[]): F {
+  let fn = next;
+  for (let i = interceptors.length - 1; i >= 0; i--) fn = interceptors[i]!(fn as never) as F;
+  return fn;
+}
+
+/** The reason a call's signal carries once the call ended well: one shared object, not an AbortError made per call. */
+const CALL_ENDED: unknown = Object.freeze(new ConnectError("the call ended", Code.Canceled));
+
+/**
+ * A call's signal, as connect's transports give one to interceptors and the
+ * wire: it aborts when the caller's signal does (with its reason, as a
+ * ConnectError), when the deadline passes (DEADLINE_EXCEEDED), and when the
+ * call ends, whichever way (so interceptors learn the end from it). One
+ * controller, one listener and one timer per call, removed at the end.
+ */
+class CallSignal {
+  private readonly controller = new AbortController();
+  private timer: NodeJS.Timeout | undefined;
+  private readonly onCallerAbort = (): void => this.abort(ConnectError.from(this.caller!.reason, Code.Canceled));
+
+  constructor(
+    private readonly caller: AbortSignal | undefined,
+    timeoutMs: number | undefined,
+  ) {
+    if (caller?.aborted === true) this.onCallerAbort();
+    else caller?.addEventListener("abort", this.onCallerAbort, { once: true });
+    if (timeoutMs !== undefined && !this.controller.signal.aborted) {
+      this.timer = setTimeout(() => this.abort(new ConnectError("the operation timed out", Code.DeadlineExceeded)), timeoutMs);
+    }
+  }
+
+  get signal(): AbortSignal {
+    return this.controller.signal;
+  }
+
+  private release(): void {
+    clearTimeout(this.timer);
+    this.caller?.removeEventListener("abort", this.onCallerAbort);
+  }
+
+  private abort(reason: unknown): void {
+    this.release();
+    if (!this.controller.signal.aborted) this.controller.abort(reason);
+  }
+
+  /** The call ended well. */
+  done(): void {
+    this.abort(CALL_ENDED);
+  }
+
+  /** The call failed with `error`: the signal's reason wins when it fired first (as connect reports it). Returns the error to throw. */
+  fail(error: unknown): ConnectError {
+    const signal = this.controller.signal;
+    const failure = signal.aborted && signal.reason !== CALL_ENDED ? ConnectError.from(signal.reason, Code.Canceled) : ConnectError.from(error);
+    this.abort(failure);
+    return failure;
+  }
+
+  /** `messages`, ending the call when they end or fail. */
+  track(messages: AsyncIterable<unknown>): AsyncIterable<unknown> {
+    return {
+      [Symbol.asyncIterator]: () => {
+        const it = messages[Symbol.asyncIterator]();
+        const onResult = (result: IteratorResult<unknown>) => {
+          if (result.done === true) this.done();
+          return result;
+        };
+        const onError = (error: unknown) => {
+          throw this.fail(error);
+        };
+        return {
+          next: () => it.next().then(onResult, onError),
+          return: async (value?: unknown) => {
+            // The reader stopped early: the call is cancelled.
+            const result = (await it.return?.(value)) ?? { done: true as const, value: undefined };
+            this.fail(new ConnectError("the call was cancelled", Code.Canceled));
+            return result;
+          },
+        };
+      },
+    };
+  }
+}
+
+/** A request message as connect's transports take one: a message of the method's input, or an init of it. */
+function normalized(schema: DescMessage, message: unknown): unknown {
+  return isMessage(message, schema) ? message : create(schema, message as never);
+}
+
 export function createLeanGrpcTransport(options: LeanTransportOptions): Transport {
   const { baseUrl, interceptors } = options;
   const timeoutOf = (timeoutMs: number | undefined) => (timeoutMs === undefined ? options.defaultTimeoutMs : timeoutMs <= 0 ? undefined : timeoutMs);
+  // The interceptor chains are made once, not per call: what a call needs travels in its request.
+  const unaryCall = intercepted<UnaryFn>(async (req) => {
+    const exchange = await Exchange.open(options, req.method, req.header, req.signal, req.message);
+    const out = await exchange.only();
+    return { stream: false, service: req.service, method: req.method, header: exchange.header, trailer: exchange.trailer, message: out } as never;
+  }, interceptors);
+  const streamCall = intercepted<StreamFn>(async (req) => {
+    const only = normalized(req.method.input, await single(req.message));
+    const exchange = await Exchange.open(options, req.method, req.header, req.signal, only);
+    const encoded = req.contextValues.get(encodedResponsesKey);
+    return { ...req, header: exchange.header, trailer: exchange.trailer, message: exchange.messages(encoded) } as never;
+  }, interceptors);
   return {
     async unary<I extends DescMessage, O extends DescMessage>(
       method: DescMethodUnary<I, O>,
@@ -66,11 +174,9 @@ export function createLeanGrpcTransport(options: LeanTransportOptions): Transpor
       contextValues?: ContextValues,
     ): Promise<UnaryResponse<I, O>> {
       const timeout = timeoutOf(timeoutMs);
-      return (await runUnaryCall({
-        interceptors: interceptors as Interceptor[],
-        signal,
-        timeoutMs: timeout,
-        req: {
+      const call = new CallSignal(signal, timeout);
+      try {
+        const res = await unaryCall({
           stream: false,
           service: method.parent,
           method,
@@ -78,14 +184,14 @@ export function createLeanGrpcTransport(options: LeanTransportOptions): Transpor
           url: `${baseUrl}/${method.parent.typeName}/${method.name}`,
           header: requestHeader(true, timeout, header),
           contextValues: contextValues ?? createContextValues(),
-          message,
-        } as never,
-        next: async (req: UnaryRequest) => {
-          const exchange = await Exchange.open(options, method, req.header, req.signal, req.message);
-          const out = await exchange.only();
-          return { stream: false, service: method.parent, method, header: exchange.header, trailer: exchange.trailer, message: out } as never;
-        },
-      })) as UnaryResponse<I, O>;
+          message: normalized(method.input, message),
+          signal: call.signal,
+        } as never);
+        call.done();
+        return res as unknown as UnaryResponse<I, O>;
+      } catch (error) {
+        throw call.fail(error);
+      }
     },
 
     async stream<I extends DescMessage, O extends DescMessage>(
@@ -98,11 +204,9 @@ export function createLeanGrpcTransport(options: LeanTransportOptions): Transpor
     ): Promise<StreamResponse<I, O>> {
       if (method.methodKind !== "server_streaming") return options.fallback.stream(method, signal, timeoutMs, header, input as never, contextValues);
       const timeout = timeoutOf(timeoutMs);
-      return (await runStreamingCall({
-        interceptors: interceptors as Interceptor[],
-        signal,
-        timeoutMs: timeout,
-        req: {
+      const call = new CallSignal(signal, timeout);
+      try {
+        const res = await streamCall({
           stream: true,
           service: method.parent,
           method,
@@ -111,14 +215,12 @@ export function createLeanGrpcTransport(options: LeanTransportOptions): Transpor
           header: requestHeader(true, timeout, header),
           contextValues: contextValues ?? createContextValues(),
           message: input,
-        } as never,
-        next: async (req: StreamRequest) => {
-          const only = await single(req.message);
-          const exchange = await Exchange.open(options, method, req.header, req.signal, only);
-          const encoded = req.contextValues.get(encodedResponsesKey);
-          return { ...req, header: exchange.header, trailer: exchange.trailer, message: exchange.messages(encoded) } as never;
-        },
-      })) as StreamResponse<I, O>;
+          signal: call.signal,
+        } as never);
+        return { ...res, message: call.track(res.message) } as unknown as StreamResponse<I, O>;
+      } catch (error) {
+        throw call.fail(error);
+      }
     },
   };
 }
