@@ -34,9 +34,8 @@
  *
  * Why bench-only methods: Health/Watch never ends on its own, so a client
  * would have to cancel it, and that measures stream setup plus an
- * RST_STREAM rather than streaming. The service is declared in code (a
- * FileDescriptorProto over the health and wrapper messages, so there is no
- * .proto file to generate) and reaches the host as an ordinary module, which
+ * RST_STREAM rather than streaming. The service is declared in code
+ * (bench/_bench-rpc.ts) and reaches the host as an ordinary module, which
  * puts it behind every host layer a real module's method goes through.
  *
  * The host, connect-node and grpc-js encode and decode with the same
@@ -53,9 +52,9 @@
 import * as http2 from "node:http2";
 import type { AddressInfo } from "node:net";
 import type { DescService, Message } from "@bufbuild/protobuf";
-import { create, createFileRegistry, fromBinary, toBinary } from "@bufbuild/protobuf";
+import { create, fromBinary, toBinary } from "@bufbuild/protobuf";
 import type { BytesValue, UInt32Value } from "@bufbuild/protobuf/wkt";
-import { BytesValueSchema, FileDescriptorProtoSchema, file_google_protobuf_wrappers, UInt32ValueSchema } from "@bufbuild/protobuf/wkt";
+import { BytesValueSchema, UInt32ValueSchema } from "@bufbuild/protobuf/wkt";
 import type { ServiceImpl } from "@connectrpc/connect";
 import { createConnectRouter } from "@connectrpc/connect";
 import type { UniversalHandler } from "@connectrpc/connect/protocol";
@@ -65,43 +64,15 @@ import { pino } from "pino";
 import { z } from "zod";
 import type { HealthCheckResponse } from "../gen/grpc/health/v1/health_pb.js";
 import {
-  file_grpc_health_v1_health,
   Health,
   HealthCheckResponse_ServingStatus,
   HealthCheckResponseSchema,
 } from "../gen/grpc/health/v1/health_pb.js";
 import type { LocalRoutes } from "../src/server/index.js";
+import { BenchRpc } from "./_bench-rpc.js";
 import { universalShim } from "./_universal-shim.js";
 import { frame, writable } from "./_wire.js";
 
-const benchFile = create(FileDescriptorProtoSchema, {
-  name: "mmgate/bench/v1/bench_rpc.proto",
-  package: "mmgate.bench.v1",
-  dependency: [file_grpc_health_v1_health.proto.name, file_google_protobuf_wrappers.proto.name],
-  syntax: "proto3",
-  service: [
-    {
-      name: "BenchRpc",
-      method: [
-        {
-          name: "Repeat",
-          inputType: ".grpc.health.v1.HealthCheckRequest",
-          outputType: ".grpc.health.v1.HealthCheckResponse",
-          serverStreaming: true,
-        },
-        { name: "Echo", inputType: ".google.protobuf.BytesValue", outputType: ".google.protobuf.BytesValue" },
-        {
-          name: "Stream",
-          inputType: ".google.protobuf.UInt32Value",
-          outputType: ".google.protobuf.BytesValue",
-          serverStreaming: true,
-        },
-      ],
-    },
-  ],
-});
-const imports = new Map([file_grpc_health_v1_health, file_google_protobuf_wrappers].map((f) => [f.proto.name, f]));
-const BenchRpc = createFileRegistry(benchFile, (name) => imports.get(name)).getService("mmgate.bench.v1.BenchRpc")!;
 
 const path = (service: DescService, method: string) => `/${service.typeName}/${method}`;
 const CHECK_PATH = path(Health, "Check");
