@@ -9,10 +9,11 @@ import type { Registry } from "prom-client";
 import { hostPort, splitHostPort } from "../server/index.js";
 import { ChannelTls } from "./channel-tls.js";
 import { ChannelConfigError, type ChannelOptions } from "./config.js";
-import { createLeanGrpcTransport } from "./lean-transport.js";
+import { createLeanGrpcTransport, type DirectCallHooks } from "./lean-transport.js";
 import { GuardedSessionManager } from "./session.js";
-import { clientMetrics, metricsInterceptor } from "./metrics.js";
-import { outboundInterceptors, withDeadlines } from "./outbound.js";
+import { callRecorder, clientMetrics, metricsInterceptor } from "./metrics.js";
+import { applyCallContext, outboundInterceptors, stripProtocolHeaders, withDeadlines } from "./outbound.js";
+import { tracingEnabled } from "../telemetry/index.js";
 
 /** What a channel needs besides its settings. */
 export interface ChannelDeps {
@@ -141,10 +142,35 @@ export function createChannel(target: string, options: ChannelOptions, deps: Cha
     );
     return next(req);
   };
-  const extra = deps.registry ? [metricsInterceptor(clientMetrics(deps.registry))] : [];
+  const metrics = deps.registry ? clientMetrics(deps.registry) : undefined;
+  const extra = metrics ? [metricsInterceptor(metrics)] : [];
   const token = channelToken(options);
   const credentials = token === undefined ? [] : [bearerInterceptor(token)];
   const interceptors = outboundInterceptors(extra, [...credentials, ...(deps.interceptors ?? []), track]);
+  // With only the channel's own interceptors (no caller's, tracing off), the
+  // lean transport does their work in place: the same headers, status,
+  // metrics and in-flight count, without a chain of wrappers per call.
+  const authorization = token === undefined ? undefined : `Bearer ${token}`;
+  const direct: DirectCallHooks | undefined =
+    (deps.interceptors ?? []).length === 0 && !tracingEnabled()
+      ? {
+          decorate(header, values) {
+            applyCallContext(values, header);
+            if (authorization !== undefined) header.authorization = authorization;
+          },
+          begin(method, startsAborted) {
+            const record = metrics ? callRecorder(metrics, method) : undefined;
+            if (startsAborted) return (code) => record?.(code);
+            inFlight++;
+            return (code) => {
+              record?.(code);
+              inFlight--;
+              if (inFlight === 0) drained?.();
+            };
+          },
+          error: (error) => stripProtocolHeaders(error) as ConnectError,
+        }
+      : undefined;
   const connectTransport = createGrpcTransport({
     baseUrl,
     sessionManager: session,
@@ -161,6 +187,7 @@ export function createChannel(target: string, options: ChannelOptions, deps: Cha
           readMaxBytes: options.maxReceiveMessageBytes,
           writeMaxBytes: options.maxSendMessageBytes,
           fallback: connectTransport,
+          direct,
         })
       : connectTransport,
     { defaultTimeoutMs: options.defaultTimeoutMs, ...(deps.now ? { now: deps.now } : {}) },

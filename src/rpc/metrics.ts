@@ -1,4 +1,5 @@
 import { Code, ConnectError } from "@connectrpc/connect";
+import type { DescMethod } from "@bufbuild/protobuf";
 import type { Interceptor } from "@connectrpc/connect";
 import { Counter, Histogram } from "prom-client";
 import type { Registry } from "prom-client";
@@ -69,6 +70,19 @@ function codeOf(error: unknown, signal: AbortSignal): Code {
   return ConnectError.from(error).code;
 }
 
+/** Records one call of `method` that starts now: the returned function counts it once, with its status, and its time. */
+export function callRecorder(metrics: ClientMetrics, method: DescMethod): (code: Code | 0) => void {
+  const labels = { grpc_service: method.parent.typeName, grpc_method: method.name };
+  const started = performance.now();
+  let recorded = false;
+  return (code) => {
+    if (recorded) return;
+    recorded = true;
+    metrics.handled.inc({ ...labels, grpc_code: codeName(code) });
+    metrics.latency.observe(labels, (performance.now() - started) / 1000);
+  };
+}
+
 /**
  * Counts each call once, when its status is known: a unary call when it
  * settles, a stream when its last response has been read (or it failed, or
@@ -76,15 +90,8 @@ function codeOf(error: unknown, signal: AbortSignal): Code {
  */
 export function metricsInterceptor(metrics: ClientMetrics): Interceptor {
   return (next) => async (req) => {
-    const labels = { grpc_service: req.service.typeName, grpc_method: req.method.name };
-    const started = performance.now();
-    let recorded = false;
-    const record = (code: Code | 0) => {
-      if (recorded) return;
-      recorded = true;
-      metrics.handled.inc({ ...labels, grpc_code: codeName(code) });
-      metrics.latency.observe(labels, (performance.now() - started) / 1000);
-    };
+    const record = callRecorder(metrics, req.method);
+
     const signal = req.signal;
     // The call's signal also fires when a call completes; by then the status is recorded.
     const onAbort = () => record(codeOf(undefined, signal));

@@ -1,14 +1,35 @@
+import type { OutgoingHttpHeaders } from "node:http2";
 import { Code, ConnectError } from "@connectrpc/connect";
-import type { Interceptor, Transport } from "@connectrpc/connect";
+import type { ContextValues, Interceptor, Transport } from "@connectrpc/connect";
 import { clientTracingInterceptor, tracingEnabled } from "../telemetry/index.js";
 import { observeStream } from "../util/index.js";
 import { callContextKey } from "./context.js";
 
-/** Sends the call context's request id as `x-request-id`, and its passed-on headers, unless the caller set them itself. */
+/**
+ * Sends the call context's request id as `x-request-id`, and its passed-on
+ * headers, unless the caller set them itself: on a request's Headers, or on
+ * its headers in node form (lower-case names).
+ */
+export function applyCallContext(values: ContextValues | undefined, header: Headers | OutgoingHttpHeaders): void {
+  if (values === undefined) return;
+  const { requestId, headers } = values.get(callContextKey);
+  const web = header instanceof Headers ? header : undefined;
+  const node = header as OutgoingHttpHeaders;
+  const has = (name: string) => (web ? web.has(name) : node[name] !== undefined);
+  if (requestId !== undefined && requestId !== "" && !has("x-request-id")) {
+    if (web) web.set("x-request-id", requestId);
+    else node["x-request-id"] = requestId;
+  }
+  if (headers === undefined) return;
+  for (const [name, value] of Object.entries(headers)) {
+    if (has(name)) continue;
+    if (web) web.set(name, value);
+    else node[name] = value;
+  }
+}
+
 const requestIdInterceptor: Interceptor = (next) => (req) => {
-  const { requestId, headers } = req.contextValues.get(callContextKey);
-  if (requestId !== undefined && requestId !== "" && !req.header.has("x-request-id")) req.header.set("x-request-id", requestId);
-  if (headers !== undefined) for (const [name, value] of Object.entries(headers)) if (!req.header.has(name)) req.header.set(name, value);
+  applyCallContext(req.contextValues, req.header);
   return next(req);
 };
 
@@ -17,7 +38,8 @@ function isProtocolHeader(name: string): boolean {
   return name.startsWith("grpc-") || name.startsWith("content-") || name === "date";
 }
 
-function stripProtocolHeaders(error: unknown): unknown {
+/** `error` with only application metadata (see errorMetadataInterceptor). */
+export function stripProtocolHeaders(error: unknown): unknown {
   if (error instanceof ConnectError) {
     for (const name of [...error.metadata.keys()]) if (isProtocolHeader(name)) error.metadata.delete(name);
   }
