@@ -28,7 +28,7 @@ import { gzipSync } from "node:zlib";
 import { create, createFileRegistry, fromBinary, toBinary } from "@bufbuild/protobuf";
 import type { DescMessage, DescService } from "@bufbuild/protobuf";
 import { FileDescriptorProtoSchema, StringValueSchema, file_google_protobuf_wrappers } from "@bufbuild/protobuf/wkt";
-import type { CallOptions, HandlerContext } from "@connectrpc/connect";
+import type { CallOptions, HandlerContext, Interceptor } from "@connectrpc/connect";
 import { Code, ConnectError, createClient } from "@connectrpc/connect";
 import { setTrailerStatus } from "@connectrpc/connect/protocol-grpc";
 import { expect } from "chai";
@@ -1181,12 +1181,15 @@ function withoutNegotiatedEncoding(t: Transport, seen: Seen): Seen {
 // The suite
 // ---------------------------------------------------------------------------
 
+/** An interceptor that changes nothing. */
+const passThrough: Interceptor = (next) => (req) => next(req);
+
 describe("rpc: the lean transport and connect's gRPC transport, as a caller sees them", function () {
   let host: InProcessServer;
   let raw: Awaited<ReturnType<typeof startRawServer>>;
   const channels: Channel[] = [];
-  const open = (addr: string, leanPath: boolean, extra: Partial<ChannelOptions> = {}) => {
-    const channel = createChannel(addr, { ...channelDefaults, ...extra, leanPath });
+  const open = (addr: string, leanPath: boolean, extra: Partial<ChannelOptions> = {}, interceptors: Interceptor[] = []) => {
+    const channel = createChannel(addr, { ...channelDefaults, ...extra, leanPath }, { interceptors });
     channels.push(channel);
     return channel;
   };
@@ -1229,6 +1232,10 @@ describe("rpc: the lean transport and connect's gRPC transport, as a caller sees
           row.expect?.(seen.lean);
         }
         for (const t of TRANSPORTS) expect(seen[t].inFlight, `${t}: calls in flight after the call`).to.equal(0);
+        // A caller's interceptor turns the lean transport's direct path off: its interceptor path must be seen alike.
+        const intercepted = await call(open(addr, true, row.channel, [passThrough]), row, `${id}-${row.kind}-I`);
+        const viaInterceptors = row.target === "host" ? withoutNegotiatedEncoding("lean", intercepted) : intercepted;
+        expect(viaInterceptors, `the lean transport's two paths differ:\n  ${differences(viaInterceptors, seen.lean).join("\n  ")}`).to.deep.equal(seen.lean);
         if (row.server) {
           expect(serverViews.lean, `the server saw different things:\n  ${differences(serverViews.lean, serverViews.connect).join("\n  ")}`).to.deep.equal(
             serverViews.connect,
