@@ -8,6 +8,7 @@ import type { Http2SessionManager } from "@connectrpc/connect-node";
 import { compressionBrotli, compressionGzip } from "@connectrpc/connect-node";
 import type { Compression } from "@connectrpc/connect/protocol";
 import { requestHeader, validateResponse, validateTrailer } from "@connectrpc/connect/protocol-grpc";
+import { observeStream } from "../util/index.js";
 import type { EnvelopeSink } from "../wire/index.js";
 import {
   byteLengthOf,
@@ -138,28 +139,14 @@ class CallSignal {
 
   /** `messages`, ending the call when they end or fail. */
   track(messages: AsyncIterable<unknown>): AsyncIterable<unknown> {
-    return {
-      [Symbol.asyncIterator]: () => {
-        const it = messages[Symbol.asyncIterator]();
-        const onResult = (result: IteratorResult<unknown>) => {
-          if (result.done === true) this.done();
-          return result;
-        };
-        const onError = (error: unknown) => {
-          throw this.fail(error);
-        };
-        return {
-          next: () => it.next().then(onResult, onError),
-          return: async (value?: unknown) => {
-            // The reader stopped early: the call is cancelled.
-            const result = (await it.return?.(value)) ?? { done: true as const, value: undefined };
-            this.fail(new ConnectError("the call was cancelled", Code.Canceled));
-            return result;
-          },
-        };
-      },
-    };
+    return observeStream(messages, {
+      end: () => this.done(),
+      error: (error) => this.fail(error),
+      // The reader stopped early: the call is cancelled.
+      cancel: () => void this.fail(new ConnectError("the call was cancelled", Code.Canceled)),
+    });
   }
+
 }
 
 /** As connect's requestHeader says who calls: gRPC would say grpc-es, connect says connect-es. */
@@ -247,26 +234,7 @@ class DirectCall {
 
   /** A server stream's messages, ending the call when they end, fail or are left. */
   messages(source: AsyncIterable<unknown>): AsyncIterable<unknown> {
-    return {
-      [Symbol.asyncIterator]: () => {
-        const it = source[Symbol.asyncIterator]();
-        const onResult = (result: IteratorResult<unknown>) => {
-          if (result.done === true) this.end(0);
-          return result;
-        };
-        const onError = (error: unknown) => {
-          throw this.fail(error);
-        };
-        return {
-          next: () => it.next().then(onResult, onError),
-          return: async (value?: unknown) => {
-            const result = (await it.return?.(value)) ?? { done: true as const, value: undefined };
-            this.end(Code.Canceled);
-            return result;
-          },
-        };
-      },
-    };
+    return observeStream(source, { end: () => this.end(0), error: (error) => this.fail(error), cancel: () => this.end(Code.Canceled) });
   }
 }
 
