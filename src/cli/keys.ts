@@ -59,13 +59,13 @@ function keysFileOf(o: FileOptions, io: KeysCliIo): string {
   return file;
 }
 
-/** A keys file problem as the CLI reports it: io for reading and writing, not_found for a missing name, invalid_argument otherwise. */
+/** A keys file problem as the CLI reports it: io for reading and writing, not_found for a missing name, unavailable while another edit holds the file, invalid_argument otherwise. */
 function fileError(err: unknown): unknown {
   if (!(err instanceof KeysFileError)) {
     const e = err as NodeJS.ErrnoException;
     return typeof e.code === "string" && /^E[A-Z]+$/.test(e.code) ? new CliError("io", `cannot write the keys file (${e.code}): ${e.message}`, { cause: err }) : err;
   }
-  const code = err.code === "io" ? "io" : err.code === "not_found" ? "not_found" : err.code === "exists" ? "already_exists" : "invalid_argument";
+  const code = err.code === "io" ? "io" : err.code === "not_found" ? "not_found" : err.code === "exists" ? "already_exists" : err.code === "locked" ? "unavailable" : "invalid_argument";
   const [first = "", ...rest] = err.problems;
   return new CliError(code, `${err.file}: ${first}`, { details: rest.map((p) => `  ${p}`), cause: err });
 }

@@ -4,13 +4,15 @@
  * comments), names and scopes are checked as the server checks them, and
  * the file comes from --file or the config's auth.keysFile.
  */
-import { mkdtemp, readdir, readFile, rm, stat, writeFile } from "node:fs/promises";
+import { mkdir, mkdtemp, readdir, readFile, rm, stat, utimes, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { expect } from "chai";
 import { parse as parseYaml } from "yaml";
 import { keysCommand, type KeysCliIo } from "../../src/cli/keys.js";
-import { keyDigest, parseKeysText } from "../../src/server/access/index.js";
+import { lock } from "proper-lockfile";
+import type { KeysFileError} from "../../src/server/access/index.js";
+import { addKey, keyDigest, parseKeysText, removeKey } from "../../src/server/access/index.js";
 import { CliError } from "../../src/rpc/index.js";
 import { expectRejection, runMmgate } from "../support/index.js";
 
@@ -110,6 +112,44 @@ describe("mmgate keys", function () {
     const gone = await runMmgate(["keys", "remove", "nobody", "--file", file]);
     expect(gone.code).to.equal(1);
     expect(gone.stderr).to.match(/^mmgate keys remove: \[not_found\] .*: no key named nobody/);
+  });
+
+  describe("edits take turns (the file's edit lock)", () => {
+    const entry = (i: number) => ({ name: `k${i}`, sha256: keyDigest(`mmk_test_${i}_${"x".repeat(24)}`), scopes: ["admin" as const] });
+
+    it("keeps every one of eight adds made at once, and a remove among them", async () => {
+      const file = fresh();
+      await addKey(file, entry(0));
+      await Promise.all([...Array.from({ length: 8 }, (_, i) => addKey(file, entry(i + 1))), removeKey(file, "k0")]);
+      const names = parseKeysText(await readFile(file, "utf8"), file).map((k) => k.name);
+      expect(names.sort()).to.deep.equal(["k1", "k2", "k3", "k4", "k5", "k6", "k7", "k8"]);
+      expect(await readdir(dir), "no lock left behind").to.not.include(`${file.split("/").pop()!}.lock`);
+    });
+
+    it("waits for a held lock, then refuses with locked, leaving the file as it was", async () => {
+      const file = fresh();
+      await addKey(file, entry(1));
+      const text = await readFile(file, "utf8");
+      const release = await lock(file, { realpath: false });
+      try {
+        const err = await expectRejection(addKey(file, entry(2), { lockWaitMs: 300 }), { name: "KeysFileError" });
+        expect((err as KeysFileError).code).to.equal("locked");
+        expect((err as KeysFileError).problems[0]).to.match(/^another edit holds .*\.lock \(waited 0\.3 s\)/);
+      } finally {
+        await release();
+      }
+      expect(await readFile(file, "utf8")).to.equal(text);
+      await removeKey(file, "k1");
+    });
+
+    it("takes over a lock a crashed edit left (older than 10 s)", async () => {
+      const file = fresh();
+      await mkdir(`${file}.lock`);
+      const old = new Date(Date.now() - 60_000);
+      await utimes(`${file}.lock`, old, old);
+      await addKey(file, entry(1), { lockWaitMs: 300 });
+      expect(parseKeysText(await readFile(file, "utf8"), file).map((k) => k.name)).to.deep.equal(["k1"]);
+    });
   });
 
   it("refuses to edit or list an invalid file, naming every problem", async () => {

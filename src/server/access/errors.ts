@@ -12,7 +12,9 @@ export type KeysFileErrorCode =
   | "conflict"
   /** The entry a command names is not there (`keys remove`), or already is (`keys add`). */
   | "not_found"
-  | "exists";
+  | "exists"
+  /** Another edit (`keys add|remove`) holds the file's lock. */
+  | "locked";
 
 /** A keys file that cannot be used as it is, with every problem found. */
 export class KeysFileError extends Error {

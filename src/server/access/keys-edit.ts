@@ -3,11 +3,14 @@
  * validated as the server reads it (a broken file is not edited), changed
  * (a YAML file keeps its comments and layout), and replaced atomically, so
  * that a server watching it reads the old file or the new one, never half
- * of one.
+ * of one. Edits take turns: each holds `<file>.lock` (a directory, made
+ * atomically; one left by a crashed edit is taken over after 10 s) from
+ * reading the file to replacing it, so two at once cannot lose one's change.
  */
 import { randomBytes } from "node:crypto";
 import { chmod, open, readFile, rename, rm, stat } from "node:fs/promises";
 import { basename, dirname, join } from "node:path";
+import { lock } from "proper-lockfile";
 import { Document, isMap, isSeq, parseDocument } from "yaml";
 import { KeysFileError } from "./errors.js";
 import { isJsonFile, parseKeysDocument, validateKeys } from "./keys-file.js";
@@ -121,8 +124,45 @@ function openEdit(file: string, text: string | undefined): Edit {
   };
 }
 
+/** How long an edit waits for another one's lock before it gives up ("locked"). */
+export const EDIT_LOCK_WAIT_MS = 5000;
+/** A lock not refreshed for this long is a crashed edit's, and is taken over. */
+const EDIT_LOCK_STALE_MS = 10_000;
+
+export interface EditOptions {
+  /** How long to wait for another edit's lock; default EDIT_LOCK_WAIT_MS. */
+  readonly lockWaitMs?: number;
+}
+
+/** Runs `edit` holding `file`'s edit lock. */
+async function locked<T>(file: string, options: EditOptions, edit: () => Promise<T>): Promise<T> {
+  const waitMs = options.lockWaitMs ?? EDIT_LOCK_WAIT_MS;
+  let release: () => Promise<void>;
+  try {
+    release = await lock(file, {
+      // The file may not exist yet (the first `keys add`).
+      realpath: false,
+      stale: EDIT_LOCK_STALE_MS,
+      retries: { retries: Math.ceil(waitMs / 100), minTimeout: 100, maxTimeout: 100, factor: 1 },
+    });
+  } catch (err) {
+    const code = (err as NodeJS.ErrnoException).code;
+    if (code === "ELOCKED") throw new KeysFileError("locked", file, [`another edit holds ${file}.lock (waited ${waitMs / 1000} s); try again, or remove the lock if no edit runs`], { cause: err });
+    throw new KeysFileError("io", file, [`cannot lock it for editing (${code ?? (err as Error).message})`], { cause: err });
+  }
+  try {
+    return await edit();
+  } finally {
+    await release().catch(() => undefined);
+  }
+}
+
 /** Adds a key to `file` (created when missing); "exists" when its name or digest is there already. */
-export async function addKey(file: string, entry: KeyEntry): Promise<void> {
+export function addKey(file: string, entry: KeyEntry, options: EditOptions = {}): Promise<void> {
+  return locked(file, options, () => addUnlocked(file, entry));
+}
+
+async function addUnlocked(file: string, entry: KeyEntry): Promise<void> {
   const edit = openEdit(file, await readIfPresent(file));
   const name = entry.name.toLowerCase();
   if (edit.keys.some((k) => k.name.toLowerCase() === name)) throw new KeysFileError("exists", file, [`a key named ${entry.name} is there already (mmgate keys remove ${entry.name} first, to replace it)`]);
@@ -134,7 +174,11 @@ export async function addKey(file: string, entry: KeyEntry): Promise<void> {
 }
 
 /** Removes the key named `name` from `file`; returns it. "not_found" when there is none. */
-export async function removeKey(file: string, name: string): Promise<KeyEntry> {
+export function removeKey(file: string, name: string, options: EditOptions = {}): Promise<KeyEntry> {
+  return locked(file, options, () => removeUnlocked(file, name));
+}
+
+async function removeUnlocked(file: string, name: string): Promise<KeyEntry> {
   const text = await readIfPresent(file);
   if (text === undefined) throw new KeysFileError("io", file, ["cannot read it (ENOENT)"]);
   const edit = openEdit(file, text);
