@@ -25,10 +25,17 @@
  * - The producer state's event path (DcCkfState.applyEvent, Stored events of
  *   16 new blocks: the shape check, the chain hash, the ownership and lineage
  *   tables, the lane and the dirty window, a publication every 16 events), a
- *   fresh state per round; no peer; target >= 1 M blocks/s.
+ *   fresh state per round after one untimed warm-up round; no peer; target
+ *   >= 1 M blocks/s. Also CPU time per block (user + system of the process
+ *   over the round), steadier than the rate on a shared machine.
  *
- * Env: BENCH_ROUNDS (8), BENCH_LOOKUPS (262144).
+ * Env: BENCH_ONLY (sections, comma-separated: lane,producer; both by
+ * default), BENCH_ROUNDS (8), BENCH_LOOKUPS (262144); for the producer:
+ * BENCH_BLOCKS (blocks per event, 16), BENCH_WORKERS (workers the events
+ * rotate over, 8), BENCH_STATE_BLOCKS (blocks per round, 65536),
+ * BENCH_STATE_ROUNDS (5).
  * Run: node --import tsx bench/ckf.ts
+ * e.g. BENCH_ONLY=producer BENCH_BLOCKS=4 node --import tsx bench/ckf.ts
  */
 import { randomFillSync } from "node:crypto";
 import { performance } from "node:perf_hooks";
@@ -37,12 +44,18 @@ import { runInNewContext } from "node:vm";
 import bloomFilters from "bloom-filters";
 import { bucketCount, CkfLane, DcCkfState, DEFAULT_CKF_CONFIG, type RouterEvent } from "../src/kv/ckf/index.js";
 import { median, ratios, summary } from "./_stats.js";
+import { selected } from "./_wire.js";
 
 const KEYS = 1 << 20;
 const ROUNDS = Math.max(2, Number(process.env.BENCH_ROUNDS ?? 8));
 const LOOKUPS = Math.min(KEYS, Math.max(ROUNDS, Number(process.env.BENCH_LOOKUPS ?? 262_144)));
 const BUCKETS = bucketCount(KEYS);
 const SEED = DEFAULT_CKF_CONFIG.seed;
+const SECTIONS = selected("BENCH_ONLY", ["lane", "producer"] as const);
+const BLOCKS_PER_EVENT = Math.max(1, Number(process.env.BENCH_BLOCKS ?? 16));
+const WORKERS = Math.max(1, Number(process.env.BENCH_WORKERS ?? 8));
+const STATE_BLOCKS = Math.max(BLOCKS_PER_EVENT, Number(process.env.BENCH_STATE_BLOCKS ?? 65_536));
+const STATE_ROUNDS = Math.max(1, Number(process.env.BENCH_STATE_ROUNDS ?? 5));
 
 setFlagsFromString("--expose-gc");
 const gc = runInNewContext("gc") as () => void;
@@ -88,145 +101,150 @@ const started = performance.now();
 console.log(`ckf bench — node ${process.version}; ${KEYS.toLocaleString("en")} keys, ${BUCKETS.toLocaleString("en")} buckets x 4 slots x 16 bits`);
 console.log(`peer: bloom-filters CuckooFilter(${BUCKETS}, 4 hex chars = 16 bits, 4 slots, 500 kicks), string keys`);
 
-const inserted = makeKeys(KEYS);
-const absent = makeKeys(LOOKUPS);
+/** The lane against the peer: inserts, lookups, memory; what the targets read. */
+function laneSections(): { insertRatio: number[]; hitRatio: number[]; missRatio: number[]; smaller: number; oursInsert: number[] } {
+  const inserted = makeKeys(KEYS);
+  const absent = makeKeys(LOOKUPS);
 
-// Warm both up on throwaway filters and keys (JIT, the seed's delta table).
-{
-  const warm = makeKeys(1 << 16);
-  const lane = new CkfLane({ seed: SEED, bucketCount: BUCKETS, maxKicks: 500 });
-  for (let pass = 0; pass < 4; pass++) {
-    for (let i = 0; i < 1 << 16; i++) {
-      lane.insert(warm.pairs[2 * i]!, warm.pairs[2 * i + 1]!);
-      lane.contains(warm.pairs[2 * i]!, warm.pairs[2 * i + 1]!);
+  // Warm both up on throwaway filters and keys (JIT, the seed's delta table).
+  {
+    const warm = makeKeys(1 << 16);
+    const lane = new CkfLane({ seed: SEED, bucketCount: BUCKETS, maxKicks: 500 });
+    for (let pass = 0; pass < 4; pass++) {
+      for (let i = 0; i < 1 << 16; i++) {
+        lane.insert(warm.pairs[2 * i]!, warm.pairs[2 * i + 1]!);
+        lane.contains(warm.pairs[2 * i]!, warm.pairs[2 * i + 1]!);
+      }
+    }
+    const peer = new CuckooFilter(BUCKETS, 4, 4, 500);
+    for (let i = 0; i < 4096; i++) {
+      peer.add(warm.strings[i]!);
+      peer.has(warm.strings[i]!);
     }
   }
+
+  const before = heap();
+  const ours = new CkfLane({ seed: SEED, bucketCount: BUCKETS, maxKicks: 500 });
+  const afterOurs = heap();
   const peer = new CuckooFilter(BUCKETS, 4, 4, 500);
-  for (let i = 0; i < 4096; i++) {
-    peer.add(warm.strings[i]!);
-    peer.has(warm.strings[i]!);
-  }
+
+  // --- inserts: fill both to 1 Mi keys, one slice per round --------------------
+  let oursFailed = 0;
+  let peerFailed = 0;
+  const slice = (round: number, total: number) => [Math.floor((round * total) / ROUNDS), Math.floor(((round + 1) * total) / ROUNDS)] as const;
+  const [oursInsertMs, peerInsertMs] = interleaveTimed(
+    [
+      (round) => {
+        const [from, to] = slice(round, KEYS);
+        const pairs = inserted.pairs;
+        const t0 = performance.now();
+        for (let i = from; i < to; i++) if (!ours.insert(pairs[2 * i]!, pairs[2 * i + 1]!)) oursFailed++;
+        return performance.now() - t0;
+      },
+      (round) => {
+        const [from, to] = slice(round, KEYS);
+        const strings = inserted.strings;
+        const t0 = performance.now();
+        for (let i = from; i < to; i++) if (!peer.add(strings[i]!)) peerFailed++;
+        return performance.now() - t0;
+      },
+    ],
+    ROUNDS,
+  );
+  const afterFill = heap();
+
+  // --- lookups: hits (inserted keys) and misses (fresh keys) -------------------
+  let oursHits = 0;
+  let peerHits = 0;
+  let oursFalse = 0;
+  let peerFalse = 0;
+  const hitStride = Math.floor(KEYS / LOOKUPS);
+  const [oursHitMs, peerHitMs, oursMissMs, peerMissMs] = interleaveTimed(
+    [
+      (round) => {
+        const [from, to] = slice(round, LOOKUPS);
+        const pairs = inserted.pairs;
+        const t0 = performance.now();
+        for (let j = from; j < to; j++) {
+          const i = j * hitStride;
+          if (ours.contains(pairs[2 * i]!, pairs[2 * i + 1]!)) oursHits++;
+        }
+        return performance.now() - t0;
+      },
+      (round) => {
+        const [from, to] = slice(round, LOOKUPS);
+        const strings = inserted.strings;
+        const t0 = performance.now();
+        for (let j = from; j < to; j++) if (peer.has(strings[j * hitStride]!)) peerHits++;
+        return performance.now() - t0;
+      },
+      (round) => {
+        const [from, to] = slice(round, LOOKUPS);
+        const pairs = absent.pairs;
+        const t0 = performance.now();
+        for (let i = from; i < to; i++) if (ours.contains(pairs[2 * i]!, pairs[2 * i + 1]!)) oursFalse++;
+        return performance.now() - t0;
+      },
+      (round) => {
+        const [from, to] = slice(round, LOOKUPS);
+        const strings = absent.strings;
+        const t0 = performance.now();
+        for (let i = from; i < to; i++) if (peer.has(strings[i]!)) peerFalse++;
+        return performance.now() - t0;
+      },
+    ],
+    ROUNDS,
+  );
+
+  const insertsPerRound = KEYS / ROUNDS;
+  const lookupsPerRound = LOOKUPS / ROUNDS;
+  const oursInsert = mops(insertsPerRound, oursInsertMs!);
+  const peerInsert = mops(insertsPerRound, peerInsertMs!);
+  const insertRatio = ratios(peerInsertMs!, oursInsertMs!);
+  const hitRatio = ratios(peerHitMs!, oursHitMs!);
+  const missRatio = ratios(peerMissMs!, oursMissMs!);
+
+  console.log(`\n# throughput, median (min–max) over ${ROUNDS} interleaved rounds; speed-up = peer time / our time within a round`);
+  console.log(`${"".padEnd(26)} ${"ckf lane".padEnd(24)} ${"bloom-filters".padEnd(24)} speed-up`);
+  console.log(
+    `${`inserts (${(insertsPerRound / 1024).toFixed(0)} Ki / round)`.padEnd(26)} ${rate(oursInsert).padEnd(24)} ${rate(peerInsert).padEnd(24)} ${summary(insertRatio, 1)}x`,
+  );
+  console.log(
+    `${`lookups, hits (${(lookupsPerRound / 1024).toFixed(0)} Ki)`.padEnd(26)} ${rate(mops(lookupsPerRound, oursHitMs!)).padEnd(24)} ${rate(mops(lookupsPerRound, peerHitMs!)).padEnd(24)} ${summary(hitRatio, 1)}x`,
+  );
+  console.log(
+    `${`lookups, misses (${(lookupsPerRound / 1024).toFixed(0)} Ki)`.padEnd(26)} ${rate(mops(lookupsPerRound, oursMissMs!)).padEnd(24)} ${rate(mops(lookupsPerRound, peerMissMs!)).padEnd(24)} ${summary(missRatio, 1)}x`,
+  );
+  console.log(
+    `  failed inserts: ours ${oursFailed}, peer ${peerFailed}; inserted keys found: ours ${oursHits}/${LOOKUPS}, peer ${peerHits}/${LOOKUPS}` +
+      `; false positives on ${LOOKUPS} fresh keys: ours ${oursFalse}, peer ${peerFalse}`,
+  );
+
+  // --- memory ----------------------------------------------------------------
+  const laneBytes = ours.byteLength;
+  const tableBytes = ours.addressing.deltas.byteLength;
+  const oursMeasured = afterOurs.buffers - before.buffers + (afterOurs.js - before.js);
+  const peerBytes = afterFill.js - afterOurs.js;
+  const oursPerKey = laneBytes / KEYS;
+  const peerPerKey = peerBytes / KEYS;
+  console.log(`\n# memory at ${KEYS.toLocaleString("en")} keys`);
+  console.log(
+    `  ckf lane        ${oursPerKey.toFixed(2)} B/key (${(laneBytes / 2 ** 20).toFixed(2)} MiB lane; ${((laneBytes + tableBytes) / KEYS).toFixed(2)} B/key with the shared ` +
+      `${tableBytes / 1024} KiB delta table; measured growth of buffers and heap ${(oursMeasured / 2 ** 20).toFixed(2)} MiB)`,
+  );
+  console.log(`  bloom-filters   ${peerPerKey.toFixed(2)} B/key (${(peerBytes / 2 ** 20).toFixed(1)} MiB of JS heap)`);
+  const smaller = peerPerKey / oursPerKey;
+  const smallerWithTable = peerBytes / (laneBytes + tableBytes);
+  console.log(`  peer / ours     ${smaller.toFixed(1)}x (${smallerWithTable.toFixed(1)}x counting the delta table)`);
+  return { insertRatio, hitRatio, missRatio, smaller, oursInsert };
 }
 
-const before = heap();
-const ours = new CkfLane({ seed: SEED, bucketCount: BUCKETS, maxKicks: 500 });
-const afterOurs = heap();
-const peer = new CuckooFilter(BUCKETS, 4, 4, 500);
-
-// --- inserts: fill both to 1 Mi keys, one slice per round --------------------
-let oursFailed = 0;
-let peerFailed = 0;
-const slice = (round: number, total: number) => [Math.floor((round * total) / ROUNDS), Math.floor(((round + 1) * total) / ROUNDS)] as const;
-const [oursInsertMs, peerInsertMs] = interleaveTimed(
-  [
-    (round) => {
-      const [from, to] = slice(round, KEYS);
-      const pairs = inserted.pairs;
-      const t0 = performance.now();
-      for (let i = from; i < to; i++) if (!ours.insert(pairs[2 * i]!, pairs[2 * i + 1]!)) oursFailed++;
-      return performance.now() - t0;
-    },
-    (round) => {
-      const [from, to] = slice(round, KEYS);
-      const strings = inserted.strings;
-      const t0 = performance.now();
-      for (let i = from; i < to; i++) if (!peer.add(strings[i]!)) peerFailed++;
-      return performance.now() - t0;
-    },
-  ],
-  ROUNDS,
-);
-const afterFill = heap();
-
-// --- lookups: hits (inserted keys) and misses (fresh keys) -------------------
-let oursHits = 0;
-let peerHits = 0;
-let oursFalse = 0;
-let peerFalse = 0;
-const hitStride = Math.floor(KEYS / LOOKUPS);
-const [oursHitMs, peerHitMs, oursMissMs, peerMissMs] = interleaveTimed(
-  [
-    (round) => {
-      const [from, to] = slice(round, LOOKUPS);
-      const pairs = inserted.pairs;
-      const t0 = performance.now();
-      for (let j = from; j < to; j++) {
-        const i = j * hitStride;
-        if (ours.contains(pairs[2 * i]!, pairs[2 * i + 1]!)) oursHits++;
-      }
-      return performance.now() - t0;
-    },
-    (round) => {
-      const [from, to] = slice(round, LOOKUPS);
-      const strings = inserted.strings;
-      const t0 = performance.now();
-      for (let j = from; j < to; j++) if (peer.has(strings[j * hitStride]!)) peerHits++;
-      return performance.now() - t0;
-    },
-    (round) => {
-      const [from, to] = slice(round, LOOKUPS);
-      const pairs = absent.pairs;
-      const t0 = performance.now();
-      for (let i = from; i < to; i++) if (ours.contains(pairs[2 * i]!, pairs[2 * i + 1]!)) oursFalse++;
-      return performance.now() - t0;
-    },
-    (round) => {
-      const [from, to] = slice(round, LOOKUPS);
-      const strings = absent.strings;
-      const t0 = performance.now();
-      for (let i = from; i < to; i++) if (peer.has(strings[i]!)) peerFalse++;
-      return performance.now() - t0;
-    },
-  ],
-  ROUNDS,
-);
-
-const insertsPerRound = KEYS / ROUNDS;
-const lookupsPerRound = LOOKUPS / ROUNDS;
-const oursInsert = mops(insertsPerRound, oursInsertMs!);
-const peerInsert = mops(insertsPerRound, peerInsertMs!);
-const insertRatio = ratios(peerInsertMs!, oursInsertMs!);
-const hitRatio = ratios(peerHitMs!, oursHitMs!);
-const missRatio = ratios(peerMissMs!, oursMissMs!);
-
-console.log(`\n# throughput, median (min–max) over ${ROUNDS} interleaved rounds; speed-up = peer time / our time within a round`);
-console.log(`${"".padEnd(26)} ${"ckf lane".padEnd(24)} ${"bloom-filters".padEnd(24)} speed-up`);
-console.log(
-  `${`inserts (${(insertsPerRound / 1024).toFixed(0)} Ki / round)`.padEnd(26)} ${rate(oursInsert).padEnd(24)} ${rate(peerInsert).padEnd(24)} ${summary(insertRatio, 1)}x`,
-);
-console.log(
-  `${`lookups, hits (${(lookupsPerRound / 1024).toFixed(0)} Ki)`.padEnd(26)} ${rate(mops(lookupsPerRound, oursHitMs!)).padEnd(24)} ${rate(mops(lookupsPerRound, peerHitMs!)).padEnd(24)} ${summary(hitRatio, 1)}x`,
-);
-console.log(
-  `${`lookups, misses (${(lookupsPerRound / 1024).toFixed(0)} Ki)`.padEnd(26)} ${rate(mops(lookupsPerRound, oursMissMs!)).padEnd(24)} ${rate(mops(lookupsPerRound, peerMissMs!)).padEnd(24)} ${summary(missRatio, 1)}x`,
-);
-console.log(
-  `  failed inserts: ours ${oursFailed}, peer ${peerFailed}; inserted keys found: ours ${oursHits}/${LOOKUPS}, peer ${peerHits}/${LOOKUPS}` +
-    `; false positives on ${LOOKUPS} fresh keys: ours ${oursFalse}, peer ${peerFalse}`,
-);
-
-// --- memory ----------------------------------------------------------------
-const laneBytes = ours.byteLength;
-const tableBytes = ours.addressing.deltas.byteLength;
-const oursMeasured = afterOurs.buffers - before.buffers + (afterOurs.js - before.js);
-const peerBytes = afterFill.js - afterOurs.js;
-const oursPerKey = laneBytes / KEYS;
-const peerPerKey = peerBytes / KEYS;
-console.log(`\n# memory at ${KEYS.toLocaleString("en")} keys`);
-console.log(
-  `  ckf lane        ${oursPerKey.toFixed(2)} B/key (${(laneBytes / 2 ** 20).toFixed(2)} MiB lane; ${((laneBytes + tableBytes) / KEYS).toFixed(2)} B/key with the shared ` +
-    `${tableBytes / 1024} KiB delta table; measured growth of buffers and heap ${(oursMeasured / 2 ** 20).toFixed(2)} MiB)`,
-);
-console.log(`  bloom-filters   ${peerPerKey.toFixed(2)} B/key (${(peerBytes / 2 ** 20).toFixed(1)} MiB of JS heap)`);
-const smaller = peerPerKey / oursPerKey;
-const smallerWithTable = peerBytes / (laneBytes + tableBytes);
-console.log(`  peer / ours     ${smaller.toFixed(1)}x (${smallerWithTable.toFixed(1)}x counting the delta table)`);
-
 // --- the producer state's event path -----------------------------------------
-const stateRate = ((): number => {
-  const BLOCKS_PER_EVENT = 16;
-  const EVENTS = 4096;
-  const tokens = randomFillSync(new Uint32Array(2 * EVENTS * BLOCKS_PER_EVENT));
+/** The producer state's event path; the median rate in M blocks/s. */
+function producerSection(): number {
+  const EVENTS = Math.floor(STATE_BLOCKS / BLOCKS_PER_EVENT);
+  const blockCount = EVENTS * BLOCKS_PER_EVENT;
+  const tokens = randomFillSync(new Uint32Array(2 * blockCount));
   const events: RouterEvent[] = [];
   for (let e = 0; e < EVENTS; e++) {
     const blocks = [];
@@ -235,27 +253,43 @@ const stateRate = ((): number => {
       const tokensHash = (BigInt(tokens[2 * i]!) << 32n) | BigInt(tokens[2 * i + 1]!);
       blocks.push({ blockHash: BigInt(i + 1), tokensHash });
     }
-    events.push({ workerId: BigInt(e % 8), dpRank: 0, eventId: BigInt(e), data: { kind: "stored", blocks } });
+    events.push({ workerId: BigInt(e % WORKERS), dpRank: 0, eventId: BigInt(e), data: { kind: "stored", blocks } });
   }
   const stateMs: number[] = [];
-  for (let round = -1; round < 5; round++) {
+  const cpuNsPerBlock: number[] = [];
+  for (let round = -1; round < STATE_ROUNDS; round++) {
     const state = new DcCkfState({ expectedBlocksPerDc: KEYS, publishEveryNEvents: 16 });
+    const cpu0 = process.cpuUsage();
     const t0 = performance.now();
     for (const event of events) state.applyEvent(event);
     state.flush();
-    if (round >= 0) stateMs.push(performance.now() - t0);
+    const ms = performance.now() - t0;
+    const cpu = process.cpuUsage(cpu0);
+    if (round >= 0) {
+      stateMs.push(ms);
+      cpuNsPerBlock.push(((cpu.user + cpu.system) * 1000) / blockCount);
+    }
   }
+  const rates = mops(blockCount, stateMs);
   console.log(
-    `\n# DcCkfState.applyEvent, Stored events of ${BLOCKS_PER_EVENT} new blocks, publication every 16 events: ` +
-      `${summary(mops(EVENTS * BLOCKS_PER_EVENT, stateMs), 2)} M blocks/s over 5 rounds (no peer)`,
+    `\n# DcCkfState.applyEvent, Stored events of ${BLOCKS_PER_EVENT} new blocks over ${WORKERS} workers, publication every 16 events: ` +
+      `${summary(rates, 2)} M blocks/s; CPU ${summary(cpuNsPerBlock, 0)} ns/block; ${STATE_ROUNDS} rounds of ${blockCount} blocks (no peer)`,
   );
-  return median(mops(EVENTS * BLOCKS_PER_EVENT, stateMs));
-})();
+  return median(rates);
+}
+
+const lane = SECTIONS.includes("lane") ? laneSections() : undefined;
+const stateRate = SECTIONS.includes("producer") ? producerSection() : undefined;
 
 console.log("\n# targets");
-console.log(`  inserts >= 5x faster than bloom-filters      ${median(insertRatio).toFixed(1)}x   ${verdict(median(insertRatio) >= 5)}`);
-console.log(`  lookups >= 5x faster (hits / misses)         ${median(hitRatio).toFixed(1)}x / ${median(missRatio).toFixed(1)}x   ${verdict(median(hitRatio) >= 5 && median(missRatio) >= 5)}`);
-console.log(`  >= 4x smaller per key                        ${smaller.toFixed(1)}x   ${verdict(smaller >= 4)}`);
-console.log(`  >= 1M inserts/s                              ${median(oursInsert).toFixed(2)} M/s   ${verdict(median(oursInsert) >= 1)}`);
-console.log(`  DcCkfState.applyEvent >= 1M blocks/s         ${stateRate.toFixed(2)} M/s   ${verdict(stateRate >= 1)}`);
+if (lane !== undefined) {
+  const { insertRatio, hitRatio, missRatio, smaller, oursInsert } = lane;
+  console.log(`  inserts >= 5x faster than bloom-filters      ${median(insertRatio).toFixed(1)}x   ${verdict(median(insertRatio) >= 5)}`);
+  console.log(`  lookups >= 5x faster (hits / misses)         ${median(hitRatio).toFixed(1)}x / ${median(missRatio).toFixed(1)}x   ${verdict(median(hitRatio) >= 5 && median(missRatio) >= 5)}`);
+  console.log(`  >= 4x smaller per key                        ${smaller.toFixed(1)}x   ${verdict(smaller >= 4)}`);
+  console.log(`  >= 1M inserts/s                              ${median(oursInsert).toFixed(2)} M/s   ${verdict(median(oursInsert) >= 1)}`);
+}
+if (stateRate !== undefined) {
+  console.log(`  DcCkfState.applyEvent >= 1M blocks/s         ${stateRate.toFixed(2)} M/s   ${verdict(stateRate >= 1)}`);
+}
 console.log(`\n(${((performance.now() - started) / 1000).toFixed(1)} s)`);

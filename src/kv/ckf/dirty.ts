@@ -53,6 +53,11 @@ export class DirtyWindow implements CkfWriteObserver {
     o[to + 3] = s[from + 3]!;
   }
 
+  /** The membership word of `bucket`, read for its memory only (see CkfLane.peek). */
+  peek(bucket: number): number {
+    return this.member[bucket >>> 5]!;
+  }
+
   /** Buckets in the window. */
   get size(): number {
     return this.count;
@@ -85,8 +90,12 @@ export class DirtyWindow implements CkfWriteObserver {
    */
   drain(withImages = true): DrainedWindow {
     const count = this.count;
-    const buckets = withImages ? new Uint32Array(count) : undefined;
-    const slots = withImages ? new Uint16Array(count * 4) : undefined;
+    // One ArrayBuffer for both columns (an allocation costs microseconds whatever its size, a view much less):
+    // the buckets' u32s, then the values' u64s from the next multiple of 8 bytes.
+    const valuesAt = (count * 4 + 7) & ~7;
+    const memory = withImages ? new ArrayBuffer(valuesAt + count * 8) : undefined;
+    const buckets = memory === undefined ? undefined : new Uint32Array(memory, 0, count);
+    const slots = memory === undefined ? undefined : new Uint16Array(memory, valuesAt, count * 4);
     let changed = 0;
     const s = this.slots;
     const o = this.originals;
@@ -118,7 +127,7 @@ export class DirtyWindow implements CkfWriteObserver {
     this.count = 0;
     if (buckets === undefined || slots === undefined) return { columns: undefined, changed, netReverted };
     // A little-endian host (the lanes refuse any other): four u16 slots are the bytes of their u64 word.
-    const columns = { buckets: buckets.subarray(0, changed), values: new BigUint64Array(slots.buffer, 0, changed) };
+    const columns = { buckets: buckets.subarray(0, changed), values: new BigUint64Array(slots.buffer, valuesAt, changed) };
     return { columns, changed, netReverted };
   }
 

@@ -11,6 +11,7 @@ import { CKF_LANE_COUNT, MAX_KICKS } from "./config.js";
 import { CkfError, describeValue } from "./errors.js";
 import { laneSeed, SplitMix64 } from "./splitmix.js";
 import { assertLittleEndianHost } from "./u64.js";
+import { Xxh3Of8 } from "./xxh3-8.js";
 
 /**
  * Told about every bucket just before one of its slots is written, so a dirty
@@ -42,8 +43,16 @@ export class CkfLane {
   observer: CkfWriteObserver | undefined = undefined;
   /** Slot writes made by the last successful insert or remove (1 without evictions). */
   lastWrites = 0;
+  /** Set by `address`: the key's fingerprint and bucketA. */
+  keyFingerprint = 0;
+  keyBucket = 0;
   private occupied = 0;
   private readonly rng: SplitMix64;
+  /** The addressing's key hash, run here so that insert reads delta(fp) only when bucketA is full. */
+  private readonly mixer: Xxh3Of8;
+  private readonly mask: number;
+  /** The shared delta table (addressing.deltas): a random read into 256 KiB that most inserts skip. */
+  private readonly deltas: Uint32Array;
   /** The eviction walk's undo log: slot index and previous value, per kick. */
   private readonly undoSlot: Int32Array;
   private readonly undoValue: Uint16Array;
@@ -65,6 +74,9 @@ export class CkfLane {
     this.maxKicks = maxKicks;
     this.slots = new Uint16Array(bucketCount * 4);
     this.rng = new SplitMix64(laneSeed(seed, lane));
+    this.mixer = new Xxh3Of8(seed);
+    this.mask = bucketCount - 1;
+    this.deltas = this.addressing.deltas;
     this.undoSlot = new Int32Array(maxKicks);
     this.undoValue = new Uint16Array(maxKicks);
   }
@@ -77,12 +89,45 @@ export class CkfLane {
    * what they were. With `relocate` false only the home buckets are tried.
    */
   insert(hi: number, lo: number, relocate = true): boolean {
-    const addressing = this.addressing;
-    addressing.probe(hi, lo);
-    let fp = addressing.fingerprint;
-    const a = addressing.bucketA;
-    const b = addressing.bucketB;
-    if (this.place(a, fp) || this.place(b, fp)) {
+    this.address(hi, lo);
+    return this.insertAt(this.keyFingerprint, this.keyBucket, relocate);
+  }
+
+  /**
+   * The key's fingerprint and bucketA (B.2, as CkfAddressing.probe computes
+   * them) into `keyFingerprint` / `keyBucket`: for a caller that addresses
+   * several keys before inserting them (see `peek`). bucketB is left to
+   * insertAt, which reads the delta table only when bucketA is full.
+   */
+  address(hi: number, lo: number): void {
+    const mixer = this.mixer;
+    mixer.hash(hi, lo);
+    const mixedLo = mixer.lo;
+    this.keyFingerprint = (mixedLo & 0xffff) || 1;
+    this.keyBucket = ((mixedLo >>> 16) | (mixer.hi << 16)) & this.mask;
+  }
+
+  /**
+   * A bucket's first slot, read for its memory only: a caller that reads the
+   * buckets of a batch of keys before inserting them has their cache misses
+   * overlap, where one insert after another waits for each in turn.
+   */
+  peek(bucket: number): number {
+    return this.slots[bucket << 2]!;
+  }
+
+  /** insert for a key `address` gave (fp, bucketA). */
+  insertAt(fingerprint: number, bucketA: number, relocate: boolean): boolean {
+    let fp = fingerprint;
+    const a = bucketA;
+    if (this.place(a, fp)) {
+      this.lastWrites = 1;
+      this.occupied++;
+      return true;
+    }
+    const deltas = this.deltas;
+    const b = a ^ deltas[fp]!;
+    if (this.place(b, fp)) {
       this.lastWrites = 1;
       this.occupied++;
       return true;
@@ -90,7 +135,6 @@ export class CkfLane {
     const kicks = relocate ? this.maxKicks : 0;
     if (kicks === 0) return false;
     const slots = this.slots;
-    const deltas = addressing.deltas;
     const rng = this.rng;
     let bucket = (rng.next32() & 1) === 0 ? a : b;
     for (let kick = 0; kick < kicks; kick++) {

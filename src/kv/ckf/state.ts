@@ -101,6 +101,21 @@ const CLEARING = 4;
 
 const NO_BLOCKS: readonly StoredBlock[] = Object.freeze([]);
 
+/**
+ * Blocks a Stored event's check and ownership read ahead at a time (see
+ * prepareBlocks): enough for the cache misses of a window to overlap, few
+ * enough that its lines are still cached when the block's turn comes and
+ * that the work between two pauses stays a few blocks' worth.
+ */
+const PREPARE_WINDOW = 16;
+/**
+ * A Stored event of at most this many blocks has its ownership slots and
+ * lane buckets read with the check's window, beside the lineage lines: a few
+ * hundred lines, still cached when the ownership reaches them. A longer
+ * event has them read a window ahead of the ownership instead.
+ */
+const SHORT_EVENT = 64;
+
 /** Splits a bigint into halves without BigInt arithmetic (see u64.ts): one store, two reads. */
 const SPLIT_U64 = new BigUint64Array(1);
 const SPLIT_U32 = new Uint32Array(SPLIT_U64.buffer);
@@ -134,6 +149,13 @@ export class DcCkfState {
   private externalMixes = new Int32Array(32);
   /** Per block of that event: 1 when its block hash was in neither the lineage nor earlier in the event. */
   private fresh = new Uint8Array(32);
+  /** Per block of that event, once checked: mixU64 of its canonical hash (the ownership table's key hash). */
+  private canonicalMixes = new Int32Array(32);
+  /** Per block of that event, once checked: its fingerprint and bucketA in the lane. */
+  private fingerprints = new Int32Array(32);
+  private homeBuckets = new Int32Array(32);
+  /** What the reads made only to bring table lines into cache returned; kept so that they are not optimized away. */
+  private touched = 0;
   /**
    * The application under way (applyEventUntil): its phase, its member and
    * where it is, so that it can stop at a pause and go on from there later.
@@ -148,10 +170,12 @@ export class DcCkfState {
   /** The next block, hash or lineage position. */
   private stepAt = 0;
   private stepError: CkfError | undefined = undefined;
-  /** While a Stored event is checked: whether the next block chains on (parentHi, parentLo). */
+  /** The Stored event under way: whether its first block chains on a parent, (parentHi, parentLo). */
   private chained = false;
   private parentHi = 0;
   private parentLo = 0;
+  /** Blocks of that event prepareBlocks has done: their canonical hashes and addresses are in the scratch arrays. */
+  private prepared = 0;
   private pending = 0;
   private unknownRemovals = 0;
   private parentNotFound = 0;
@@ -536,6 +560,7 @@ export class DcCkfState {
     this.stepCount = blocks.length;
     this.stepAt = 0;
     this.batch.reset(blocks.length);
+    this.prepared = 0;
     this.phase = STORED_CHECK;
   }
 
@@ -551,23 +576,14 @@ export class DcCkfState {
     const mixes = this.externalMixes;
     const fresh = this.fresh;
     const batch = this.batch;
-    const chain = this.chain;
-    let chained = this.chained;
-    let parentHi = this.parentHi;
-    let parentLo = this.parentLo;
     for (let i = this.stepAt; i < n; i++) {
+      if (i === this.prepared) this.prepareBlocks(i, Math.min(n, i + PREPARE_WINDOW));
       const k = i * 4;
-      // The tokens hash, chained onto the previous canonical hash: this block's canonical hash.
-      let hi = keys[k]!;
-      let lo = keys[k + 1]!;
-      if (chained) {
-        chain.hash(parentHi, parentLo, hi, lo);
-        hi = chain.hi;
-        lo = chain.lo;
-      }
+      const hi = keys[k]!;
+      const lo = keys[k + 1]!;
       const externalHi = keys[k + 2]!;
       const externalLo = keys[k + 3]!;
-      const mix = mixU64(externalHi, externalLo);
+      const mix = mixes[i]!;
       let conflict: boolean;
       if (lineage !== undefined && lineage.find(externalHi, externalLo, mix)) {
         conflict = lineage.valueHi !== hi || lineage.valueLo !== lo;
@@ -589,17 +605,8 @@ export class DcCkfState {
         this.phase = IDLE;
         return true;
       }
-      keys[k] = hi;
-      keys[k + 1] = lo;
-      mixes[i] = mix;
-      chained = true;
-      parentHi = hi;
-      parentLo = lo;
       // Nothing has changed yet; a pause here only delays the rest of the check.
       if (pause()) {
-        this.chained = true;
-        this.parentHi = hi;
-        this.parentLo = lo;
         this.stepAt = i + 1;
         return false;
       }
@@ -608,6 +615,58 @@ export class DcCkfState {
     this.stepAt = 0;
     this.phase = STORED_OWN;
     return true;
+  }
+
+  /**
+   * Blocks from..to-1 of the Stored event under way, ahead of the check: each
+   * canonical hash (the tokens hash chained onto the previous block's, or onto
+   * the event's parent) replaces the tokens hash in `keys`, with the block
+   * hash's mix, the canonical hash's mix and its lane address beside it; then
+   * one read of each lineage index line the check will probe first (and, for
+   * a short event, of what the ownership will touch: touchOwned). In a loop of
+   * reads only, the blocks' cache misses overlap, where probing one block
+   * after another waits for each in turn. Reads and scratch only: nothing
+   * changes.
+   */
+  private prepareBlocks(from: number, to: number): void {
+    const keys = this.keys;
+    const mixes = this.externalMixes;
+    const ownerMixes = this.canonicalMixes;
+    const fingerprints = this.fingerprints;
+    const homeBuckets = this.homeBuckets;
+    const chain = this.chain;
+    const lane = this.lane;
+    let chained = from > 0 || this.chained;
+    let parentHi = from > 0 ? keys[from * 4 - 4]! : this.parentHi;
+    let parentLo = from > 0 ? keys[from * 4 - 3]! : this.parentLo;
+    for (let i = from; i < to; i++) {
+      const k = i * 4;
+      let hi = keys[k]!;
+      let lo = keys[k + 1]!;
+      if (chained) {
+        chain.hash(parentHi, parentLo, hi, lo);
+        hi = chain.hi;
+        lo = chain.lo;
+      }
+      keys[k] = hi;
+      keys[k + 1] = lo;
+      chained = true;
+      parentHi = hi;
+      parentLo = lo;
+      mixes[i] = mixU64(keys[k + 2]!, keys[k + 3]!);
+      ownerMixes[i] = mixU64(hi, lo);
+      lane.address(hi, lo);
+      fingerprints[i] = lane.keyFingerprint;
+      homeBuckets[i] = lane.keyBucket;
+    }
+    const lineage = this.stepLineage;
+    if (lineage !== undefined) {
+      let touched = 0;
+      for (let i = from; i < to; i++) touched ^= lineage.peek(mixes[i]!);
+      this.touched ^= touched;
+    }
+    if (this.stepCount <= SHORT_EVENT) this.touchOwned(from, to);
+    this.prepared = to;
   }
 
   /**
@@ -623,12 +682,21 @@ export class DcCkfState {
     const mixes = this.externalMixes;
     const fresh = this.fresh;
     const owners = this.owners;
+    const ownerMixes = this.canonicalMixes;
+    const fingerprints = this.fingerprints;
+    const homeBuckets = this.homeBuckets;
     // A resumed run does not ask again about the block it paused before.
     const resumedAt = this.stepAt;
+    // A short event's lines were read with the check.
+    let touchedTo = n <= SHORT_EVENT ? n : resumedAt;
     for (let i = resumedAt; i < n; i++) {
       if (i > resumedAt && pause()) {
         this.stepAt = i;
         return false;
+      }
+      if (i === touchedTo) {
+        touchedTo = Math.min(n, i + PREPARE_WINDOW);
+        this.touchOwned(i, touchedTo);
       }
       const k = i * 4;
       const hi = keys[k]!;
@@ -637,14 +705,15 @@ export class DcCkfState {
       const externalLo = keys[k + 3]!;
       // A fresh block hash cannot be in the lineage yet: only this event's earlier blocks were added since the check.
       const mapped = fresh[i] === 0 && lineage.find(externalHi, externalLo, mixes[i]!);
-      const owned = owners.find(hi, lo);
+      const ownerMix = ownerMixes[i]!;
+      const owned = owners.find(hi, lo, ownerMix);
       if (mapped && lineage.valueHi === hi && lineage.valueLo === lo) {
         // Re-offer of a known mapping: a cheap retry for a block that once failed admission.
-        if (owned && !owners.resident && this.admit(hi, lo, false)) owners.resident = true;
+        if (owned && !owners.resident && this.admit(fingerprints[i]!, homeBuckets[i]!, false)) owners.resident = true;
         continue;
       }
       if (!owned) {
-        owners.insert(hi, lo);
+        owners.insert(hi, lo, ownerMix);
       } else if (owners.owners >= this.maxOwners) {
         this.stepError ??= new CkfError("OwnershipDegreeOverflow", `sequence ${joinU64(hi, lo)} already has ${owners.owners} owners`);
         continue;
@@ -655,7 +724,7 @@ export class DcCkfState {
       else lineage.add(externalHi, externalLo, hi, lo, mixes[i]!);
       if (owners.resident) continue;
       // Ownership commits even if the filter is full: a later removal must still balance it.
-      if (this.admit(hi, lo, true)) {
+      if (this.admit(fingerprints[i]!, homeBuckets[i]!, true)) {
         owners.resident = true;
       } else {
         this.capacityFailures++;
@@ -665,6 +734,25 @@ export class DcCkfState {
     if (lineage.size === 0) this.dropMember(this.stepWorker, this.stepRank);
     this.phase = IDLE;
     return true;
+  }
+
+  /**
+   * One read of the ownership slot, lane bucket and dirty-window word that
+   * each of blocks from..to-1 will touch first, for their misses to overlap
+   * (see prepareBlocks).
+   */
+  private touchOwned(from: number, to: number): void {
+    const owners = this.owners;
+    const lane = this.lane;
+    const ownerMixes = this.canonicalMixes;
+    const homeBuckets = this.homeBuckets;
+    const window = this.window;
+    let touched = 0;
+    for (let i = from; i < to; i++) {
+      const bucket = homeBuckets[i]!;
+      touched ^= owners.peek(ownerMixes[i]!) ^ lane.peek(bucket) ^ window.peek(bucket);
+    }
+    this.touched ^= touched;
   }
 
   /** A Removed event's hashes, one mapping each; pauses after each; false when paused. */
@@ -686,10 +774,10 @@ export class DcCkfState {
     return true;
   }
 
-  /** Inserts one fingerprint; a failed insert leaves neither the lane nor the dirty window changed. */
-  private admit(hi: number, lo: number, relocate: boolean): boolean {
+  /** Inserts one fingerprint (its `lane.address`); a failed insert leaves neither the lane nor the dirty window changed. */
+  private admit(fingerprint: number, bucketA: number, relocate: boolean): boolean {
     const mark = this.window.mark();
-    if (this.lane.insert(hi, lo, relocate)) {
+    if (this.lane.insertAt(fingerprint, bucketA, relocate)) {
       this.physicalTouches += this.lane.lastWrites;
       return true;
     }
@@ -830,6 +918,9 @@ export class DcCkfState {
       const capacity = Math.max(n, this.fresh.length * 2);
       this.fresh = new Uint8Array(capacity);
       this.externalMixes = new Int32Array(capacity);
+      this.canonicalMixes = new Int32Array(capacity);
+      this.fingerprints = new Int32Array(capacity);
+      this.homeBuckets = new Int32Array(capacity);
       this.keys = new Uint32Array(capacity * 4);
     }
     return this.keys;

@@ -23,6 +23,16 @@ export function mixU64(hi: number, lo: number): number {
 const OWNER_SHARDS = 256;
 const OWNER_SHARD_SHIFT = 24;
 const MIN_SHARD_CAPACITY = 16;
+/**
+ * Shard arrays of up to SLAB_SHARD_BYTES are views into shared slabs of
+ * SLAB_BYTES: an ArrayBuffer costs microseconds to make whatever its size, a
+ * view a tenth of that, and the shards of a growing table all resize at about
+ * the same sizes. A slab lives while any view into it does, so only small
+ * arrays share one: the memory a slab can hold on to is bounded by a few
+ * times the small tables' own size.
+ */
+const SLAB_BYTES = 64 * 1024;
+const SLAB_SHARD_BYTES = 8 * 1024;
 
 /** Slot states of an ownership shard. */
 const EMPTY = 0;
@@ -39,16 +49,16 @@ class OwnerShard {
   mask: number;
   size = 0;
 
-  constructor(capacity: number) {
-    this.slots = new Uint32Array(capacity * 4);
-    this.mask = capacity - 1;
+  /** `slots`: four zeroed u32s per slot, a power of two of slots. */
+  constructor(slots: Uint32Array) {
+    this.slots = slots;
+    this.mask = slots.length / 4 - 1;
   }
 
-  /** Moves every entry into a table of `capacity` slots. */
-  resize(capacity: number): void {
+  /** Moves every entry into `slots` (zeroed, as for the constructor). */
+  resize(slots: Uint32Array): void {
     const old = this.slots;
-    const slots = new Uint32Array(capacity * 4);
-    const mask = capacity - 1;
+    const mask = slots.length / 4 - 1;
     for (let p = 0; p < old.length; p += 4) {
       if (old[p + 3] === EMPTY) continue;
       const hi = old[p]!;
@@ -83,18 +93,45 @@ export class OwnerTable {
   private missShard: OwnerShard | undefined;
   private missAt = 0;
 
+  /** The slab small shard arrays are cut from, and the bytes of it already cut. */
+  private slab: ArrayBuffer | undefined;
+  private slabUsed = 0;
+
   constructor() {
-    for (let i = 0; i < OWNER_SHARDS; i++) this.shards.push(new OwnerShard(MIN_SHARD_CAPACITY));
+    for (let i = 0; i < OWNER_SHARDS; i++) this.shards.push(new OwnerShard(this.allocate(MIN_SHARD_CAPACITY)));
     this.shard = this.shards[0]!;
+  }
+
+  /** Zeroed slots for a shard of `capacity` slots. */
+  private allocate(capacity: number): Uint32Array {
+    const bytes = capacity * 16;
+    if (bytes > SLAB_SHARD_BYTES) return new Uint32Array(capacity * 4);
+    if (this.slab === undefined || this.slabUsed + bytes > SLAB_BYTES) {
+      this.slab = new ArrayBuffer(SLAB_BYTES);
+      this.slabUsed = 0;
+    }
+    const slots = new Uint32Array(this.slab, this.slabUsed, capacity * 4);
+    this.slabUsed += bytes;
+    return slots;
   }
 
   get size(): number {
     return this.count;
   }
 
-  /** Positions the cursor at the entry of (hi, lo); false when there is none. */
-  find(hi: number, lo: number): boolean {
-    const h = mixU64(hi, lo);
+  /**
+   * The state word of the slot where a probe for a key of hash `hash`
+   * (mixU64 of the key) starts, read for its memory only: reading the slots
+   * of a batch of keys before finding them has their cache misses overlap.
+   */
+  peek(hash: number): number {
+    const shard = this.shards[hash >>> OWNER_SHARD_SHIFT]!;
+    return shard.slots[(hash & shard.mask) * 4 + 3]!;
+  }
+
+  /** Positions the cursor at the entry of (hi, lo); false when there is none. `hash` is `mixU64(hi, lo)`. */
+  find(hi: number, lo: number, hash = mixU64(hi, lo)): boolean {
+    const h = hash;
     const shard = this.shards[h >>> OWNER_SHARD_SHIFT]!;
     const { slots, mask } = shard;
     let at = h & mask;
@@ -120,14 +157,14 @@ export class OwnerTable {
    * same key missed (nothing changed the table in between); the cursor moves
    * to it.
    */
-  insert(hi: number, lo: number): void {
+  insert(hi: number, lo: number, hash = mixU64(hi, lo)): void {
     let shard = this.missShard;
     let p = this.missAt;
     this.missShard = undefined;
     if (shard === undefined || (shard.size + 1) * 2 > shard.mask + 1) {
-      const h = mixU64(hi, lo);
+      const h = hash;
       shard = this.shards[h >>> OWNER_SHARD_SHIFT]!;
-      if ((shard.size + 1) * 2 > shard.mask + 1) shard.resize((shard.mask + 1) * 2);
+      if ((shard.size + 1) * 2 > shard.mask + 1) shard.resize(this.allocate((shard.mask + 1) * 2));
       const { slots, mask } = shard;
       let at = h & mask;
       while (slots[at * 4 + 3] !== EMPTY) at = (at + 1) & mask;
@@ -184,7 +221,7 @@ export class OwnerTable {
     shard.size--;
     this.count--;
     const capacity = mask + 1;
-    if (capacity > MIN_SHARD_CAPACITY && shard.size * 8 < capacity) shard.resize(capacity / 2);
+    if (capacity > MIN_SHARD_CAPACITY && shard.size * 8 < capacity) shard.resize(this.allocate(capacity / 2));
   }
 
   /** Entries whose fingerprint is not in the filter. */
@@ -251,6 +288,11 @@ export class LineageMap {
 
   keyLo(position: number): number {
     return this.entries[position * 4 + 1]!;
+  }
+
+  /** The index slot where a probe for a key of hash `hash` starts, read for its memory only (as OwnerTable.peek). */
+  peek(hash: number): number {
+    return this.index[hash & this.mask]!;
   }
 
   /**

@@ -42,7 +42,7 @@ function mulHi32(a: number, b: number): number {
   const p01 = a0 * b1;
   const p10 = a1 * b0;
   const mid = (p00 >>> 16) + (p01 & 0xffff) + (p10 & 0xffff);
-  return (a1 * b1 + (p01 >>> 16) + (p10 >>> 16) + Math.floor(mid / 0x1_0000)) >>> 0;
+  return (a1 * b1 + (p01 >>> 16) + (p10 >>> 16) + (mid >>> 16)) >>> 0;
 }
 
 /**
