@@ -57,7 +57,12 @@
  *    the bare server's, round by round (target: the relay at >= 0.5x of the
  *    bare server's frames per CPU-second). Next to the rates, the server
  *    process's CPU per delivered frame (the per-frame cost), and the client
- *    process's.
+ *    process's. The warm-up round of the first pass publishes for
+ *    BENCH_FANOUT_WARMUP_MS: the relay's per-delta code (ingest, apply,
+ *    encode, fan-out) runs a few hundred times a second, and V8 was still
+ *    compiling it a few rounds into a 1 s warm-up, on threads whose CPU
+ *    counts as the server's (a fifth of the relay's CPU in a perf profile of
+ *    1 s rounds), which a bare server, with next to no code, does not pay.
  * 3. Ingest to publication: BENCH_INGEST_EVENTS Stored events of 4 new
  *    blocks (8 workers) through one Publish stream in messages of 256, into
  *    a fresh pool per round (threshold 16, the default) whose hub is open
@@ -91,7 +96,7 @@
  * Env: BENCH_ROUNDS (5), BENCH_ONLY (sections, comma-separated:
  * bootstrap,fanout,ingest), BENCH_FILL_EVENTS (65536), BENCH_WINDOW_BYTES
  * (8388608), BENCH_SUBSCRIBERS (64), BENCH_FANOUT_MS (1000), BENCH_IN_FLIGHT
- * (16), BENCH_LATENCY_MS (500), BENCH_INGEST_EVENTS (32768),
+ * (16), BENCH_FANOUT_WARMUP_MS (5000), BENCH_LATENCY_MS (500), BENCH_INGEST_EVENTS (32768),
  * BENCH_SERVER_NODE_ARGS (extra node arguments for the server children,
  * space-separated, e.g. "--cpu-prof --cpu-prof-dir=/tmp/prof").
  * Run: node --import tsx bench/relay.ts
@@ -127,6 +132,7 @@ const SUBSCRIBERS = Number(process.env.BENCH_SUBSCRIBERS ?? 64);
 const FANOUT_MS = Number(process.env.BENCH_FANOUT_MS ?? 1000);
 const IN_FLIGHT = Number(process.env.BENCH_IN_FLIGHT ?? 16);
 const LATENCY_MS = Number(process.env.BENCH_LATENCY_MS ?? 500);
+const FANOUT_WARMUP_MS = Number(process.env.BENCH_FANOUT_WARMUP_MS ?? 5000);
 const INGEST_EVENTS = Number(process.env.BENCH_INGEST_EVENTS ?? 32_768);
 const BATCH = 256;
 const BLOCKS_PER_EVENT = 4;
@@ -393,14 +399,17 @@ function percentile(sorted: Float64Array, p: number): number {
   return sorted[Math.min(sorted.length - 1, Math.floor(p * sorted.length))]!;
 }
 
-/** Runs each contender once per round, forward on even rounds and reversed on odd ones, after WARMUP untimed rounds; contenders measure themselves. */
-async function interleaveMeasured<T>(contenders: (() => Promise<T>)[], rounds: number): Promise<T[][]> {
+/**
+ * Runs each contender once per round, forward on even rounds and reversed on odd ones, after WARMUP untimed rounds
+ * (each contender is told which rounds those are); contenders measure themselves.
+ */
+async function interleaveMeasured<T>(contenders: ((warmup: boolean) => Promise<T>)[], rounds: number): Promise<T[][]> {
   const results = contenders.map(() => [] as T[]);
   for (let round = -WARMUP; round < rounds; round++) {
     const order = contenders.map((_, i) => i);
     if (round % 2 !== 0) order.reverse();
     for (const i of order) {
-      const result = await contenders[i]!();
+      const result = await contenders[i]!(round < 0);
       if (round >= 0) results[i]!.push(result);
     }
   }
@@ -865,14 +874,14 @@ async function fanoutSection(): Promise<string> {
   const deltaBytes = median(capturedDeltas!.map((f) => f.length - 5));
 
   const names = ["relay -> grpc-js", "raw -> grpc-js (peer)", "relay -> raw clients", "raw -> raw clients"];
-  const contenders = (inFlight: number, ms: number) => [
-    () => fanRound(relay, openGrpcJs, relayPublish, inFlight, ms),
-    () => fanRound(raw, openGrpcJsRaw, rawPublish(fanRawSession), inFlight, ms),
-    () => fanRound(relay, openRaw(relay.address, SUBSCRIBE_PATH, frame(fanRequest.bytes), fanChunks, false), relayPublish, inFlight, ms),
-    () => fanRound(raw, openRaw(raw.address, RAW_SUBSCRIBE_PATH, undefined, 0, false), rawPublish(fanRawSession), inFlight, ms),
+  const contenders = (inFlight: number, ms: number, warmupMs: number) => [
+    (warmup: boolean) => fanRound(relay, openGrpcJs, relayPublish, inFlight, warmup ? warmupMs : ms),
+    (warmup: boolean) => fanRound(raw, openGrpcJsRaw, rawPublish(fanRawSession), inFlight, warmup ? warmupMs : ms),
+    (warmup: boolean) => fanRound(relay, openRaw(relay.address, SUBSCRIBE_PATH, frame(fanRequest.bytes), fanChunks, false), relayPublish, inFlight, warmup ? warmupMs : ms),
+    (warmup: boolean) => fanRound(raw, openRaw(raw.address, RAW_SUBSCRIBE_PATH, undefined, 0, false), rawPublish(fanRawSession), inFlight, warmup ? warmupMs : ms),
   ];
-  const loaded = await interleaveMeasured(contenders(IN_FLIGHT, FANOUT_MS), ROUNDS);
-  const light = await interleaveMeasured(contenders(1, LATENCY_MS), ROUNDS);
+  const loaded = await interleaveMeasured(contenders(IN_FLIGHT, FANOUT_MS, FANOUT_WARMUP_MS), ROUNDS);
+  const light = await interleaveMeasured(contenders(1, LATENCY_MS, LATENCY_MS), ROUNDS);
   fanRawSession.close();
 
   const fps = (rs: FanResult[]) => rs.map((r) => r.frames / (r.ms / 1000));

@@ -11,12 +11,14 @@ import type { ServerHttp2Stream } from "node:http2";
  * Destroy discards its write queue without returning the bytes). Sixteen
  * 4 MiB messages cancelled mid-write leave a 64 MB session refusing every
  * new stream with ENHANCE_YOUR_CALM, for good. So here the native layer
- * holds at most PIECE_BYTES of the stream's writes at a time (a piece, or
- * several small ones), more once it took them (put into DATA frames and
- * written to the socket, which flow control allows only as the client
- * reads); the rest waits in JavaScript and is simply released when the
- * stream closes. Small pieces written in one turn go out in one socket
- * write, as they would without pacing.
+ * holds one piece of the stream's writes at a time, at most PIECE_BYTES
+ * (part of a message, or several small ones), and the next only once it
+ * took that one (put it into DATA frames and wrote it to the socket, which
+ * flow control allows only as the client reads); the rest waits in
+ * JavaScript and is simply released when the stream closes. Small messages
+ * written in one turn, or while a piece is in flight, go out as one piece:
+ * one write and one DATA frame, as Writable joins what is written while a
+ * write is pending.
  *
  * The Writable above accepts each write at once (its callback runs as the
  * bytes join this queue), so the transport writing a message (the lean
@@ -50,9 +52,7 @@ type WriteCallback = (error?: Error | null) => void;
 export class PacedWrites {
   private readonly queue: Buffer[] = [];
   private queuedBytes = 0;
-  /** Pieces in Node's native queue: their callbacks have not run yet. */
-  private pieces = 0;
-  /** Their bytes: at most PIECE_BYTES (pieces are at most that, and one joins others only within it). */
+  /** The bytes of the piece in Node's native queue (its callback has not run yet); 0 when none is. */
   private inFlight = 0;
   private closedValue = false;
   private takenBytes = 0;
@@ -98,7 +98,7 @@ export class PacedWrites {
 
   /** Everything written so far was handed to HTTP/2 (or the stream closed: nothing will be). */
   get idle(): boolean {
-    return this.closedValue || (this.pieces === 0 && this.queuedBytes === 0);
+    return this.closedValue || (this.inFlight === 0 && this.queuedBytes === 0);
   }
 
   /** Resolves once `idle`. */
@@ -130,7 +130,7 @@ export class PacedWrites {
     return this.takenBytes;
   }
 
-  /** Bytes written and not yet taken by HTTP/2: queued here, plus the pieces in Node's queue (0 once the stream closed). */
+  /** Bytes written and not yet taken by HTTP/2: queued here, plus the piece in Node's queue (0 once the stream closed). */
   get backlog(): number {
     return this.closedValue ? 0 : this.queuedBytes + this.inFlight;
   }
@@ -168,39 +168,34 @@ export class PacedWrites {
   }
 
   /**
-   * Hands Node the next pieces while what it holds stays within PIECE_BYTES
-   * (any one piece when it holds nothing), or, with nothing left, ends the
-   * stream if asked to and wakes the waiters.
+   * Hands Node the next piece once the one before was taken, everything
+   * queued meanwhile joined into it (up to PIECE_BYTES), or, with nothing
+   * left, ends the stream if asked to and wakes the waiters.
    */
   private pump(): void {
-    if (this.closedValue) return;
-    while (this.queuedBytes > 0) {
-      const room = this.pieces === 0 ? PIECE_BYTES : PIECE_BYTES - this.inFlight;
-      // A piece that would not fit waits for the ones in flight; chunks are not cut to fill the rest.
-      if (this.pieces > 0 && this.queue[0]!.byteLength > room) return;
-      const piece = this.take(room);
-      const size = piece.byteLength;
-      this.pieces++;
-      this.inFlight += size;
+    if (this.closedValue || this.inFlight > 0) return;
+    if (this.queuedBytes > 0) {
+      const piece = this.take(PIECE_BYTES);
+      this.inFlight = piece.byteLength;
       // "buffer", as Writable names a Buffer chunk's encoding: Node then writes the bytes as they are.
-      this.write(piece, "buffer" as BufferEncoding, (error) => {
-        this.pieces--;
-        this.inFlight -= size;
-        this.takenBytes += size;
-        if (error) this.close();
-        else {
-          this.pump();
-          this.wakeBelow();
-        }
-      });
-      if (this.closedValue) return;
+      this.write(piece, "buffer" as BufferEncoding, this.pieceDone);
+      return;
     }
-    if (this.pieces > 0) return;
     const final = this.finalCallback;
     this.finalCallback = undefined;
     if (final !== undefined) this.final(final);
     this.wake();
   }
+
+  private readonly pieceDone = (error?: Error | null): void => {
+    this.takenBytes += this.inFlight;
+    this.inFlight = 0;
+    if (error) this.close();
+    else {
+      this.pump();
+      this.wakeBelow();
+    }
+  };
 
   /** Up to `limit` bytes off the front of the queue; small chunks are joined into one piece (fewer, fuller DATA frames). */
   private take(limit: number): Buffer {

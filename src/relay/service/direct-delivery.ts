@@ -20,7 +20,7 @@
  * HTTP/2, once the snapshot is out (the response headers are sent).
  */
 import { sameProducerIdentity, type ProducerIdentity } from "../../kv/index.js";
-import type { DirectMessages } from "../../server/index.js";
+import type { DirectMessages, PacedWrites } from "../../server/index.js";
 import type { HubSubscriber, PublicationFrame } from "../hub/index.js";
 import { RelayError } from "../wire/index.js";
 
@@ -51,7 +51,40 @@ export interface DirectDeliveryOptions {
   readonly signal: AbortSignal;
 }
 
+/**
+ * A stream's direct writes as one class for every stream: the hub's loop
+ * over its subscribers reads `backlog` and calls `write` per frame, and the
+ * objects `directMessagesOf` makes each have a shape of their own (a getter
+ * closure each), which makes those reads megamorphic lookups.
+ */
+export class StreamMessages implements DirectMessages {
+  private readonly send: (envelope: Buffer) => boolean;
+
+  /** `paced` must be the pacer of the stream `direct` writes to (pacedWritesOf and directMessagesOf of one call). */
+  constructor(
+    private readonly paced: PacedWrites,
+    direct: DirectMessages,
+  ) {
+    this.send = direct.write.bind(direct);
+  }
+
+  get backlog(): number {
+    return this.paced.backlog;
+  }
+
+  whenBelow(bytes: number): Promise<void> {
+    return this.paced.whenBelow(bytes);
+  }
+
+  write(envelope: Buffer): boolean {
+    return this.send(envelope);
+  }
+}
+
 export class DirectDelivery {
+  private readonly out: DirectMessages;
+  private readonly subscriber: HubSubscriber;
+  private readonly envelopeOf: (frame: PublicationFrame) => Buffer;
   private current: bigint;
   private checked: ProducerIdentity | undefined;
   /** The transport holds HANDOVER_BACKLOG_BYTES or more: frames wait in the hub queue. */
@@ -69,6 +102,9 @@ export class DirectDelivery {
   private readonly onAbort = (): void => this.wake("stop");
 
   constructor(private readonly options: DirectDeliveryOptions) {
+    this.out = options.out;
+    this.subscriber = options.subscriber;
+    this.envelopeOf = options.envelopeOf;
     this.current = options.sequence;
     this.timer = setTimeout(this.onTimer, options.heartbeatIntervalMs);
     if (options.signal.aborted) this.wake("stop");
@@ -127,28 +163,31 @@ export class DirectDelivery {
    */
   private readonly drain = (): void => {
     if (this.closed || this.paused || this.blocked || this.failure !== undefined) return;
-    const { out, subscriber } = this.options;
+    const { out, subscriber } = this;
+    // Read once: what this call writes adds to it, and nothing takes from it meanwhile (HTTP/2 takes pieces in later turns).
+    let backlog = out.backlog;
+    let wrote = false;
     try {
       for (;;) {
-        if (out.backlog >= HANDOVER_BACKLOG_BYTES) {
+        if (backlog >= HANDOVER_BACKLOG_BYTES) {
           this.blocked = true;
           subscriber.keepingUp = false;
           void out.whenBelow(HANDOVER_BACKLOG_BYTES).then(this.unblock);
-          return;
+          break;
         }
         const frame = subscriber.takeFrame();
         if (frame === undefined) {
           // The end reaches the handler through whenEnded.
-          if (subscriber.endReason !== undefined) return;
+          if (subscriber.endReason !== undefined) break;
           // Every frame is out and the next can go at once: keeping up.
           subscriber.keepingUp = true;
-          if (this.heartbeatDue) this.wake("heartbeat");
-          return;
+          if (this.heartbeatDue && !wrote) this.wake("heartbeat");
+          break;
         }
         if (frame.identity !== this.checked) {
           if (!sameProducerIdentity(frame.identity, this.options.expected)) {
             this.fail(new RelayError("INVALID_PUBLICATION", "a delta of another producer generation reached the stream"));
-            return;
+            break;
           }
           this.checked = frame.identity;
         }
@@ -156,20 +195,25 @@ export class DirectDelivery {
         // A delta frame goes base -> base + 1 (publicationFrame holds it to that): its base is what to check.
         if (frame.kind !== "delta" || frame.baseSequence !== current) {
           this.fail(new RelayError("INVALID_PUBLICATION", `the publication is not contiguous: at ${current}, got ${frame.kind} ${frame.baseSequence} -> ${frame.sequence}`));
-          return;
+          break;
         }
+        const envelope = this.envelopeOf(frame);
         // The stream is gone or ending: the handler learns it from its signal.
-        if (!out.write(this.options.envelopeOf(frame))) return;
+        if (!out.write(envelope)) break;
+        backlog += envelope.byteLength;
         this.current = frame.sequence;
-        this.lastSent = performance.now();
-        if (this.heartbeatDue) {
-          // The timer stopped when the heartbeat came due: data went out instead, so the interval starts over.
-          this.heartbeatDue = false;
-          this.timer = setTimeout(this.onTimer, this.options.heartbeatIntervalMs);
-        }
+        wrote = true;
       }
     } catch (error) {
       this.fail(error instanceof RelayError ? error : new RelayError("INTERNAL", `a delta could not be written: ${error instanceof Error ? error.message : String(error)}`, { cause: error }));
+    }
+    if (wrote) {
+      this.lastSent = performance.now();
+      if (this.heartbeatDue) {
+        // The timer stopped when the heartbeat came due: data went out instead, so the interval starts over.
+        this.heartbeatDue = false;
+        this.timer = setTimeout(this.onTimer, this.options.heartbeatIntervalMs);
+      }
     }
   };
 

@@ -42,7 +42,7 @@ import {
   RelayError,
 } from "../wire/index.js";
 import { DeltaWire } from "./delta-wire.js";
-import { DirectDelivery, HANDOVER_BACKLOG_BYTES } from "./direct-delivery.js";
+import { DirectDelivery, HANDOVER_BACKLOG_BYTES, StreamMessages } from "./direct-delivery.js";
 import type { LimitScope, RelayMetrics, RelayStream } from "./metrics.js";
 import type { RelayPool } from "./pool.js";
 import type { CatalogRevision, LoadWindow, Relay } from "./relay.js";
@@ -473,10 +473,17 @@ export function relayService(options: RelayServiceOptions): Partial<ServiceImpl<
     if (!binary) return message;
     return (shared.encoded ??= preEncode(FilterUpdateSchema, message));
   }
+  // The hub hands one frame to every subscriber in a row: the last one's envelope is found without a WeakMap lookup each.
+  let lastEnvelopeFrame: PublicationFrame | undefined;
+  let lastEnvelope: Buffer | undefined;
   /** A delta's length-prefixed FilterUpdate, as a direct delivery writes it: the same bytes, without the message. */
   const deltaEnvelope = (frame: PublicationFrame): Buffer => {
+    if (frame === lastEnvelopeFrame) return lastEnvelope!;
     const shared = sharedDelta(frame);
-    return (shared.envelope ??= shared.encoded !== undefined ? preEncodedEnvelope(shared.encoded, FilterUpdateSchema)! : generationOf(frame.identity).wire.envelope(frame, frame.publishedAtUs));
+    const envelope = (shared.envelope ??= shared.encoded !== undefined ? preEncodedEnvelope(shared.encoded, FilterUpdateSchema)! : generationOf(frame.identity).wire.envelope(frame, frame.publishedAtUs));
+    lastEnvelopeFrame = frame;
+    lastEnvelope = envelope;
+    return envelope;
   };
 
   /** Why a handover that did not complete ends the stream: undefined to end it cleanly (the stop, the consumer's own close). */
@@ -568,7 +575,8 @@ export function relayService(options: RelayServiceOptions): Partial<ServiceImpl<
           if (error === undefined) return;
           throw error;
         }
-        const delivery = new DirectDelivery({ out: direct, subscriber, expected, envelopeOf: deltaEnvelope, sequence: current, heartbeatIntervalMs: config.poolHeartbeatIntervalMs, signal: stop });
+        const out = paced === undefined ? direct : new StreamMessages(paced, direct);
+        const delivery = new DirectDelivery({ out, subscriber, expected, envelopeOf: deltaEnvelope, sequence: current, heartbeatIntervalMs: config.poolHeartbeatIntervalMs, signal: stop });
         try {
           for (;;) {
             let wake = delivery.next();
