@@ -1,6 +1,5 @@
 import { create } from "@bufbuild/protobuf";
 import { Code, ConnectError, createClient, type ContextValues, type Transport } from "@connectrpc/connect";
-import { createAsyncIterable } from "@connectrpc/connect/protocol";
 import { Counter, Gauge, Histogram } from "prom-client";
 import type { Registry } from "prom-client";
 import type { Logger } from "pino";
@@ -24,7 +23,7 @@ import {
 } from "../../gen/mmgate/llm/v1/token_worker_pb.js";
 import { EtcdResolver, etcdDiscoverySchema, etcdPoolPrefix, StaticResolver, staticDiscoverySchema, type Member, type Resolver } from "../discovery/index.js";
 import { shouldEncode } from "../llm/index.js";
-import { callContextOf, ChannelPool, channelConfigSchema, CONTEXT_HEADERS, inProcessTransport, isPassOnHeaderName, passedOnHeaders, withCallContext } from "../rpc/index.js";
+import { callContextOf, ChannelPool, channelConfigSchema, CONTEXT_HEADERS, inProcessTransport, isPassOnHeaderName, OneMessage, passedOnHeaders, withCallContext } from "../rpc/index.js";
 import { bindService, ConfigError, hostPort, requestIdOf, type ModuleContext } from "../server/index.js";
 import { openSpan, spanningStream } from "../telemetry/index.js";
 import { delay, MAX_TIMER_MS, registeredMetric } from "../util/index.js";
@@ -426,7 +425,7 @@ export function createHop(ctx: ModuleContext<EncodeHopConfig>, seams: HopSeams) 
     relayEncoded: boolean,
   ): Promise<AsyncIterable<TokenGenerateResponse | EncodedMessage>> => {
     if (relayEncoded) contextValues.set(encodedResponsesKey, true);
-    const input = createAsyncIterable([create(TokenGenerateRequestSchema, { request })]);
+    const input = new OneMessage(create(TokenGenerateRequestSchema, { request }));
     // The forward step's span (tracing on) lasts until the downstream's stream ends; the call is its child.
     const forward = openSpan("hop.forward", { "mmgate.hop.downstream": config.downstream, "mmgate.hop.encoded": request.encoderResult !== undefined });
     if (forward === undefined) {

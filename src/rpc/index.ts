@@ -9,6 +9,7 @@ export type { ChannelConfigInput, ChannelOptions } from "./config.js";
 export { createChannel, readTokenFile } from "./channel.js";
 export type { Channel, ChannelDeps } from "./channel.js";
 export { ChannelPool } from "./pool.js";
+export { OneMessage } from "./one-message.js";
 export type { ChannelFactory } from "./pool.js";
 export { RoundRobinPicker } from "./picker.js";
 export type { PickerOptions } from "./picker.js";

@@ -9,6 +9,7 @@ import { compressionBrotli, compressionGzip } from "@connectrpc/connect-node";
 import type { Compression } from "@connectrpc/connect/protocol";
 import { requestHeader, validateResponse, validateTrailer } from "@connectrpc/connect/protocol-grpc";
 import { observeStream } from "../util/index.js";
+import { OneMessage } from "./one-message.js";
 import type { EnvelopeSink } from "../wire/index.js";
 import {
   byteLengthOf,
@@ -353,6 +354,7 @@ export function createLeanGrpcTransport(options: LeanTransportOptions): Transpor
 }
 
 async function single(input: AsyncIterable<unknown>): Promise<unknown> {
+  if (input instanceof OneMessage) return input.message;
   const it = input[Symbol.asyncIterator]();
   const first = await it.next();
   if (first.done === true) throw new ConnectError("protocol error: missing request message", Code.Internal);
