@@ -19,6 +19,7 @@ import { PreprocessedRequestSchema, type PreprocessedRequest } from "../../gen/m
 import {
   GenerateRequestSchema as TokenGenerateRequestSchema,
   TokenWorkerService,
+  type GenerateRequest as TokenGenerateRequest,
   type GenerateResponse as TokenGenerateResponse,
 } from "../../gen/mmgate/llm/v1/token_worker_pb.js";
 import { EtcdResolver, etcdDiscoverySchema, etcdPoolPrefix, StaticResolver, staticDiscoverySchema, type Member, type Resolver } from "../discovery/index.js";
@@ -27,7 +28,7 @@ import { callContextOf, ChannelPool, channelConfigSchema, CONTEXT_HEADERS, inPro
 import { bindService, ConfigError, hostPort, requestIdOf, type ModuleContext } from "../server/index.js";
 import { openSpan, spanningStream } from "../telemetry/index.js";
 import { delay, MAX_TIMER_MS, registeredMetric } from "../util/index.js";
-import { acceptsEncoded, EncodedMessage, encodedResponsesKey } from "../wire/index.js";
+import { acceptsEncoded, EncodedMessage, encodedResponsesKey, requestEncoding } from "../wire/index.js";
 import { EncoderRouter, type EncodeBinding, type EncodeTarget, type EncoderLifecycle, type FallbackCause } from "./router.js";
 import { notAnEncodeCard } from "./card.js";
 import { EncodeMembers, type HealthProbe, type MemberStateName, type MemberView, type OutlierOptions } from "./members.js";
@@ -292,6 +293,8 @@ export function createHop(ctx: ModuleContext<EncodeHopConfig>, seams: HopSeams) 
   const downstreamPool = config.downstreamChannel === undefined ? pool : new ChannelPool(config.downstreamChannel, { registry: ctx.metrics, logger: ctx.logger });
   const transportOf = (address: string): Transport => (address === "local" ? local : pool.get(address));
   const downstreamTransport = config.downstream === "local" ? local : downstreamPool.get(config.downstream);
+  /** Whether the downstream call writes a request's EncodedMessage as it is: the lean client does (server streams always take it). */
+  const sendsEncoded = config.downstream !== "local" && (config.downstreamChannel ?? config.channel).leanPath;
   const contextHeaders = [...CONTEXT_HEADERS, ...config.forwardHeaders];
 
   const setLifecycleHealth = (state: EncoderLifecycle) =>
@@ -423,9 +426,12 @@ export function createHop(ctx: ModuleContext<EncodeHopConfig>, seams: HopSeams) 
     contextValues: ContextValues,
     signal: AbortSignal,
     relayEncoded: boolean,
+    inboundEncoding?: Uint8Array,
   ): Promise<AsyncIterable<TokenGenerateResponse | EncodedMessage>> => {
     if (relayEncoded) contextValues.set(encodedResponsesKey, true);
-    const input = new OneMessage(create(TokenGenerateRequestSchema, { request }));
+    // A request passed on unchanged goes as the bytes it came in (the two GenerateRequest types share a wire shape).
+    // (Typed as the message: only the lean client, which sendsEncoded stands for, is given the encoding.)
+    const input = new OneMessage(inboundEncoding !== undefined && sendsEncoded ? (new EncodedMessage(inboundEncoding) as unknown as TokenGenerateRequest) : create(TokenGenerateRequestSchema, { request }));
     // The forward step's span (tracing on) lasts until the downstream's stream ends; the call is its child.
     const forward = openSpan("hop.forward", { "mmgate.hop.downstream": config.downstream, "mmgate.hop.encoded": request.encoderResult !== undefined });
     if (forward === undefined) {
@@ -473,7 +479,9 @@ export function createHop(ctx: ModuleContext<EncodeHopConfig>, seams: HopSeams) 
       const relayEncoded = acceptsEncoded(handler);
       if (prepared === request) {
         const values = withCallContext({ ...callContextOf(handler), headers: downstreamHeaders });
-        for await (const res of await downstreamOutput(prepared, values, handler.signal, relayEncoded)) yield relayed(res);
+        // Unchanged and as sent (not a default made for a request without one): its bytes go on as they came.
+        const inbound = req.request !== undefined ? requestEncoding(handler) : undefined;
+        for await (const res of await downstreamOutput(prepared, values, handler.signal, relayEncoded, inbound)) yield relayed(res);
         return;
       }
       // Encoded: the Encode worker handed out transfer handles that only the

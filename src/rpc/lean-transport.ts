@@ -239,9 +239,9 @@ class DirectCall {
   }
 }
 
-/** A request message as connect's transports take one: a message of the method's input, or an init of it. */
+/** A request message as connect's transports take one: a message of the method's input, or an init of it; or its encoding (EncodedMessage). */
 function normalized(schema: DescMessage, message: unknown): unknown {
-  return isMessage(message, schema) ? message : create(schema, message as never);
+  return isMessage(message, schema) || message instanceof EncodedMessage ? message : create(schema, message as never);
 }
 
 export function createLeanGrpcTransport(options: LeanTransportOptions): Transport {
@@ -251,13 +251,14 @@ export function createLeanGrpcTransport(options: LeanTransportOptions): Transpor
   const unaryCall = intercepted<UnaryFn>(async (req) => {
     const exchange = await Exchange.open(options, req.method, nodeHeaders(req.header), req.signal, req.message);
     const out = await exchange.only();
+    // Interceptors spread responses: plain properties here (the trailer's Headers is filled in when it comes).
     return { stream: false, service: req.service, method: req.method, header: exchange.header, trailer: exchange.trailer, message: out } as never;
   }, interceptors);
   const streamCall = intercepted<StreamFn>(async (req) => {
     const only = normalized(req.method.input, await single(req.message));
     const exchange = await Exchange.open(options, req.method, nodeHeaders(req.header), req.signal, only);
     const encoded = req.contextValues.get(encodedResponsesKey);
-    return { ...req, header: exchange.header, trailer: exchange.trailer, message: exchange.messages(encoded) } as never;
+    return { stream: true, service: req.service, method: req.method, header: exchange.header, trailer: exchange.trailer, message: exchange.messages(encoded) } as never;
   }, interceptors);
   const direct = options.direct;
   /** A direct call's start: its headers, its report of the end, its cancellation. */
@@ -284,7 +285,7 @@ export function createLeanGrpcTransport(options: LeanTransportOptions): Transpor
           const exchange = await Exchange.open(options, method, headers, undefined, normalized(method.input, message), call);
           const out = await exchange.only();
           call.end(0);
-          return { stream: false, service: method.parent, method, header: exchange.header, trailer: exchange.trailer, message: out } as never;
+          return new DirectCallResponse(false, method, out, exchange) as never;
         } catch (error) {
           throw call.fail(error);
         }
@@ -326,7 +327,7 @@ export function createLeanGrpcTransport(options: LeanTransportOptions): Transpor
           const only = normalized(method.input, await single(input));
           const exchange = await Exchange.open(options, method, headers, undefined, only, call);
           const encoded = contextValues?.get(encodedResponsesKey) ?? false;
-          return { stream: true, service: method.parent, method, header: exchange.header, trailer: exchange.trailer, message: call.messages(exchange.messages(encoded)) } as never;
+          return new DirectCallResponse(true, method, call.messages(exchange.messages(encoded)), exchange) as never;
         } catch (error) {
           throw call.fail(error);
         }
@@ -374,6 +375,40 @@ function nodeHeaders(headers: Headers): OutgoingHttpHeaders {
   return out;
 }
 
+/**
+ * A direct call's response as connect's transports answer (UnaryResponse,
+ * StreamResponse), its header and trailer made as `Headers` only when read:
+ * most callers never read them. The trailer is complete once the messages
+ * ended. (Its getters are on the prototype: a spread copy would lose them,
+ * so the interceptor path, whose interceptors spread responses, answers
+ * with plain objects.)
+ */
+class DirectCallResponse {
+  constructor(
+    readonly stream: boolean,
+    readonly method: DescMethod,
+    readonly message: unknown,
+    private readonly exchange: Exchange,
+  ) {}
+
+  get service(): DescMethod["parent"] {
+    return this.method.parent;
+  }
+
+  get header(): Headers {
+    return this.exchange.header;
+  }
+
+  get trailer(): Headers {
+    return this.exchange.trailer;
+  }
+}
+
+/** Content types connect's parseContentType takes for binary gRPC, as Node reports them (one string). */
+function isGrpcProto(contentType: string | string[] | undefined): boolean {
+  return contentType === "application/grpc" || contentType === "application/grpc+proto";
+}
+
 /** A frame flagged compressed, decompressed when it is read. */
 class Compressed {
   constructor(readonly bytes: Uint8Array) {}
@@ -408,8 +443,11 @@ function nodeError(error: unknown): ConnectError {
  * a few wait, the stream is paused, so flow control holds the server back.
  */
 class Exchange implements EnvelopeSink {
-  readonly header = new Headers();
-  readonly trailer = new Headers();
+  /** The response headers and trailers as Node gave them; as `Headers` only when asked for (or when a check needs them). */
+  private rawHeader: IncomingHttpHeaders | undefined;
+  private rawTrailer: IncomingHttpHeaders | undefined;
+  private headerObject: Headers | undefined;
+  private trailerObject: Headers | undefined;
   private readonly queue: (Uint8Array | Compressed)[] = [];
   private waiter: (() => void) | undefined;
   /** The response ended, or the stream closed. */
@@ -443,7 +481,8 @@ class Exchange implements EnvelopeSink {
    */
   static async open(options: LeanTransportOptions, method: DescMethod, requestHeaders: OutgoingHttpHeaders, signal: AbortSignal | undefined, message: unknown, owner?: DirectCall): Promise<Exchange> {
     // A big top-level bytes field goes out from the caller's buffer, not copied (message-chunks.ts).
-    const bytes = serializeMessage(method.input, message);
+    // A relayed request goes as the bytes it arrived in (a message of the same wire shape).
+    const bytes = message instanceof EncodedMessage ? message.bytes : serializeMessage(method.input, message);
     const length = byteLengthOf(bytes);
     if (length > options.writeMaxBytes) throw writeLimitError(length, options.writeMaxBytes);
     signal?.throwIfAborted();
@@ -463,7 +502,7 @@ class Exchange implements EnvelopeSink {
     stream.once("close", () => exchange.closed());
     stream.on("error", (e) => exchange.fail(nodeError(e)));
     // Trailers may arrive in the same read as the headers: listen before waiting.
-    stream.once("trailers", (trailers: IncomingHttpHeaders) => webHeadersOf(trailers, exchange.trailer));
+    stream.once("trailers", (trailers: IncomingHttpHeaders) => exchange.trailers(trailers));
     const headers = exchange.responseHeaders();
     writeEnvelope(stream, bytes, true);
     await headers;
@@ -472,12 +511,32 @@ class Exchange implements EnvelopeSink {
     return exchange;
   }
 
+  /** The response headers (empty until they came). */
+  get header(): Headers {
+    return (this.headerObject ??= this.rawHeader === undefined ? new Headers() : webHeadersOf(this.rawHeader));
+  }
+
+  /** The response trailers (empty until they came; filled in when they do). */
+  get trailer(): Headers {
+    return (this.trailerObject ??= this.rawTrailer === undefined ? new Headers() : webHeadersOf(this.rawTrailer));
+  }
+
+  trailers(trailers: IncomingHttpHeaders): void {
+    this.rawTrailer = trailers;
+    if (this.trailerObject !== undefined) webHeadersOf(trailers, this.trailerObject);
+  }
+
   /** Resolves once the response headers are in and valid (or the call failed before). */
   private responseHeaders(): Promise<void> {
     return new Promise((resolve, reject) => {
       const onResponse = (headers: IncomingHttpHeaders) => {
         this.stream.off("close", onClose);
-        webHeadersOf(headers, this.header);
+        this.rawHeader = headers;
+        // The usual answer (200, a gRPC content type, no status and no encoding in the headers) needs no Headers to check.
+        if (Number(headers[":status"]) === 200 && isGrpcProto(headers["content-type"]) && headers["grpc-status"] === undefined && headers["grpc-encoding"] === undefined) {
+          resolve();
+          return;
+        }
         try {
           const { foundStatus, headerError } = validateResponse(Number(headers[":status"] ?? 0), this.header);
           // Frames flagged compressed are read with the response's encoding, as connect's transport does.
@@ -580,7 +639,8 @@ class Exchange implements EnvelopeSink {
         }
         if (this.ended) {
           // A unary call checks the trailers even after a status in the headers (connect does).
-          if (this.unary || !this.headerStatus) validateTrailer(this.trailer, this.header);
+          // An OK status in the trailers is the usual end; anything else is checked as connect checks it.
+          if ((this.unary || !this.headerStatus) && this.rawTrailer?.["grpc-status"] !== "0") validateTrailer(this.trailer, this.header);
           this.finished = true;
           return undefined;
         }

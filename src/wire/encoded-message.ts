@@ -24,3 +24,16 @@ export const acceptsEncodedKey = createContextKey<boolean>(false, { description:
 export function acceptsEncoded(ctx: HandlerContext): boolean {
   return ctx.values.get(acceptsEncodedKey);
 }
+
+/**
+ * Set by the lean gRPC path on a call with one request message: that
+ * message's encoding as it arrived. A hop that passes the request on
+ * unchanged to a method of the same input wire shape sends these bytes
+ * (as an EncodedMessage) instead of serializing the parsed message again.
+ */
+export const requestEncodingKey = createContextKey<Uint8Array | undefined>(undefined, { description: "mmgate: the request message's encoding as it arrived" });
+
+/** The handler's request message as it arrived, where the path keeps it (the lean gRPC path); undefined elsewhere. */
+export function requestEncoding(ctx: HandlerContext): Uint8Array | undefined {
+  return ctx.values.get(requestEncodingKey);
+}

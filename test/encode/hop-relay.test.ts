@@ -1,14 +1,15 @@
 import { expect } from "chai";
 import { z } from "zod";
-import { create, toBinary } from "@bufbuild/protobuf";
+import { create, fromBinary, toBinary } from "@bufbuild/protobuf";
 import { createContextValues, type HandlerContext } from "@connectrpc/connect";
 import { createAsyncIterable } from "@connectrpc/connect/protocol";
 import { GenerateRequestSchema as HopGenerateRequestSchema } from "../../gen/mmgate/encode/v1/encode_pb.js";
+import { PreprocessedRequestSchema } from "../../gen/mmgate/llm/v1/request_pb.js";
 import { GenerateRequestSchema, GenerateResponseSchema, TokenWorkerService } from "../../gen/mmgate/llm/v1/token_worker_pb.js";
 import { encodeHopModule, tokenWorkerModule } from "../../src/encode/index.js";
 import { channelDefaults, createChannel } from "../../src/rpc/index.js";
 import { bindService, defineModule } from "../../src/server/index.js";
-import { acceptsEncoded, EncodedMessage, encodedResponsesKey } from "../../src/wire/index.js";
+import { acceptsEncoded, EncodedMessage, encodedResponsesKey, requestEncoding } from "../../src/wire/index.js";
 import { connectPathOnly, startServer, type InProcessServer } from "../support/index.js";
 import { grpcFrame, parseGrpcFrames, rawH2 } from "../support/raw-h2.js";
 
@@ -44,6 +45,54 @@ describe("encode: the hop relays the token worker's frames", () => {
     expect(frames.rest.length).to.equal(0);
     expect(frames.frames.length).to.be.greaterThan(2);
     expect(relayed.data.equals(direct.data), "the hop's DATA bytes equal the token worker's").to.equal(true);
+  });
+});
+
+describe("encode: the hop passes a request it does not change on as it came", () => {
+  const seen: Buffer[] = [];
+  let worker: InProcessServer;
+  let hop: InProcessServer;
+  before(async () => {
+    // A token worker that notes the request it got, as its bytes.
+    const recorder = defineModule({
+      name: "recordingTokenWorker",
+      description: "test: notes the bytes of each request",
+      configSchema: z.object({}),
+      create: () => ({
+        services: [
+          bindService(TokenWorkerService, {
+            async *generate(req, ctx: HandlerContext) {
+              seen.push(Buffer.from(requestEncoding(ctx) ?? toBinary(GenerateRequestSchema, req)));
+              yield { output: { id: "r", event: "token" } };
+            },
+          }),
+        ],
+      }),
+    });
+    worker = await startServer({ modules: [recorder] });
+    hop = await startServer({
+      modules: [encodeHopModule],
+      config: { encodeHop: { encoders: { discovery: "off" }, downstream: worker.addr, downstreamCheckIntervalMs: 0 } },
+    });
+  });
+  after(async () => {
+    await hop?.close();
+    await worker?.close();
+  });
+
+  it(`a text-only request reaches the token worker ${connectPathOnly ? "parsed and written again (connect path)" : "byte for byte (lean path)"}, a field neither knows included`, async () => {
+    // Field 1000 of PreprocessedRequest (varint 1), unknown to both schemas, ahead of the known ones: a hop that
+    // parses and writes again moves it to the end (protobuf-es writes unknown fields last); one that sends the bytes it read does not.
+    const inner = new Uint8Array([0xc0, 0x3e, 0x01, ...toBinary(PreprocessedRequestSchema, create(PreprocessedRequestSchema, request))]);
+    const length = inner.length < 0x80 ? [inner.length] : [(inner.length & 0x7f) | 0x80, inner.length >> 7];
+    const message = new Uint8Array([0x0a, ...length, ...inner]);
+    const res = await rawH2(hop.addr, { headers: grpcHeaders("/mmgate.encode.v1.EncodeHopService/Generate"), body: grpcFrame(message) });
+    expect(res.trailers?.["grpc-status"], String(res.trailers?.["grpc-message"])).to.equal("0");
+    expect(seen).to.have.length(1);
+    if (connectPathOnly) {
+      expect(seen[0]!.equals(Buffer.from(message))).to.equal(false);
+      expect(fromBinary(GenerateRequestSchema, seen[0]!)).to.deep.equal(fromBinary(GenerateRequestSchema, message));
+    } else expect(seen[0]!.equals(Buffer.from(message)), "the token worker got the hop's request bytes").to.equal(true);
   });
 });
 

@@ -1,11 +1,12 @@
 import type { IncomingHttpHeaders, OutgoingHttpHeaders, ServerHttp2Stream } from "node:http2";
 import type { DescMessage } from "@bufbuild/protobuf";
-import type { StreamResponse, UnaryResponse } from "@connectrpc/connect";
+import type { ContextValues, StreamResponse, UnaryResponse } from "@connectrpc/connect";
 import { Code, ConnectError } from "@connectrpc/connect";
 import { parseTimeout, setTrailerStatus } from "@connectrpc/connect/protocol-grpc";
 import type { EnvelopeSink } from "../../wire/index.js";
 import {
   acceptsEncodedKey,
+  requestEncodingKey,
   compressedEnvelopeError,
   ENVELOPE_HEADER_BYTES,
   EnvelopeReader,
@@ -212,7 +213,7 @@ export class GrpcCall extends LeanCall {
    */
   private readInput(): Promise<unknown> {
     if (this.timeoutError !== undefined) return Promise.reject(this.timeoutError);
-    const reader = new InputReader(this.stream, this.method.input, this.path.options.readMaxBytes, this.route.streaming ? "server-streaming" : "unary");
+    const reader = new InputReader(this.stream, this.method.input, this.path.options.readMaxBytes, this.route.streaming ? "server-streaming" : "unary", this.values);
     this.listenToBody(reader);
     return reader.result;
   }
@@ -238,6 +239,7 @@ class InputReader extends SettlingBodyReader<unknown> implements EnvelopeSink {
     private readonly desc: DescMessage,
     readMaxBytes: number,
     private readonly kind: string,
+    private readonly values: ContextValues,
   ) {
     super(stream);
     this.envelopes = new EnvelopeReader(this, readMaxBytes);
@@ -276,7 +278,11 @@ class InputReader extends SettlingBodyReader<unknown> implements EnvelopeSink {
       return false;
     }
     if (this.received !== undefined) this.fail(new ConnectError(`protocol error: received extra input message for ${this.kind} method`, Code.Unimplemented));
-    else this.received = message;
+    else {
+      this.received = message;
+      // A view of what Node read, never reused: a relaying handler may send it on as it is.
+      this.values.set(requestEncodingKey, bytes);
+    }
     return !this.settled;
   }
 }
