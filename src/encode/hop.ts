@@ -454,7 +454,9 @@ export function createHop(ctx: ModuleContext<EncodeHopConfig>, seams: HopSeams) 
     async *generate(req, handler) {
       const request = req.request ?? create(PreprocessedRequestSchema);
       const requestId = requestIdOf(handler);
-      if (!(router.state === "active" && shouldEncode(request))) {
+      const encodable = shouldEncode(request);
+      const attempted = router.state === "active" && encodable;
+      if (!attempted) {
         metrics.passthrough.inc();
         counts.passthrough += 1n;
       } else {
@@ -462,19 +464,21 @@ export function createHop(ctx: ModuleContext<EncodeHopConfig>, seams: HopSeams) 
       }
       // The encode call's own bound (the caller's deadline only when the hop sets none).
       const timeoutMs = config.encodeTimeoutMs > 0 ? config.encodeTimeoutMs : handler.timeoutMs();
-      const attempted = router.state === "active" && shouldEncode(request);
       // Credentials (unless the channel has its own) and trace context go on to both calls;
       // an in-process call always carries the caller's auth context.
       const headers = passedOnHeaders(handler, contextHeaders, config.passAuthorization);
       const localHeaders = config.passAuthorization ? headers : passedOnHeaders(handler, contextHeaders, true);
       const started = performance.now();
-      const prepared = await router.prepare(request, {
-        requestId,
-        headers: config.encoders.discovery === "local" ? localHeaders : headers,
-        ...(timeoutMs !== undefined ? { timeoutMs } : {}),
-      });
+      // A request with nothing to encode (text only, already encoded) goes on without the router's turn.
+      const prepared = encodable
+        ? await router.prepare(request, {
+            requestId,
+            headers: config.encoders.discovery === "local" ? localHeaders : headers,
+            ...(timeoutMs !== undefined ? { timeoutMs } : {}),
+          })
+        : request;
       if (attempted) metrics.duration.observe({ outcome: prepared === request ? "fallback" : "encoded" }, (performance.now() - started) / 1000);
-      await seams.afterEncode?.({ encoded: prepared !== request, signal: handler.signal });
+      if (seams.afterEncode !== undefined) await seams.afterEncode({ encoded: prepared !== request, signal: handler.signal });
       const downstreamHeaders = config.downstream === "local" ? localHeaders : headers;
       const relayEncoded = acceptsEncoded(handler);
       if (prepared === request) {
