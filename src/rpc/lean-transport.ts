@@ -147,11 +147,10 @@ class CallSignal {
       cancel: () => void this.fail(new ConnectError("the call was cancelled", Code.Canceled)),
     });
   }
-
 }
 
-/** As connect's requestHeader says who calls: gRPC would say grpc-es, connect says connect-es. */
-const USER_AGENT = "connect-es/2.1.2";
+/** Who calls, as connect's requestHeader says it (its own name and version), read from it once. */
+const USER_AGENT = requestHeader(true, undefined, undefined).get("user-agent") ?? "connect-es";
 
 /**
  * A direct call's request headers in node form, as connect's gRPC
