@@ -73,9 +73,8 @@ function channelToken(options: ChannelOptions): string | undefined {
   }
 }
 
-/** Sends the channel's credential on every call, replacing one the caller passed on. */
-function bearerInterceptor(token: string): Interceptor {
-  const value = `Bearer ${token}`;
+/** Sends the channel's credential (`authorization`'s value) on every call, replacing one the caller passed on. */
+function bearerInterceptor(value: string): Interceptor {
   return (next) => (req) => {
     req.header.set("authorization", value);
     return next(req);
@@ -145,12 +144,12 @@ export function createChannel(target: string, options: ChannelOptions, deps: Cha
   const metrics = deps.registry ? clientMetrics(deps.registry) : undefined;
   const extra = metrics ? [metricsInterceptor(metrics)] : [];
   const token = channelToken(options);
-  const credentials = token === undefined ? [] : [bearerInterceptor(token)];
+  const authorization = token === undefined ? undefined : `Bearer ${token}`;
+  const credentials = authorization === undefined ? [] : [bearerInterceptor(authorization)];
   const interceptors = outboundInterceptors(extra, [...credentials, ...(deps.interceptors ?? []), track]);
   // With only the channel's own interceptors (no caller's, tracing off), the
   // lean transport does their work in place: the same headers, status,
   // metrics and in-flight count, without a chain of wrappers per call.
-  const authorization = token === undefined ? undefined : `Bearer ${token}`;
   const direct: DirectCallHooks | undefined =
     (deps.interceptors ?? []).length === 0 && !tracingEnabled()
       ? {

@@ -85,6 +85,11 @@ function intercepted<F>(next: F, interceptors: readonly Interceptor[]): F {
   return fn;
 }
 
+/** What a call whose deadline passed fails with, on either path (as connect's deadline signal says it). */
+function deadlineError(): ConnectError {
+  return new ConnectError("the operation timed out", Code.DeadlineExceeded);
+}
+
 /** The reason a call's signal carries once the call ended well: one shared object, not an AbortError made per call. */
 const CALL_ENDED: unknown = Object.freeze(new ConnectError("the call ended", Code.Canceled));
 
@@ -107,7 +112,7 @@ class CallSignal {
     if (caller?.aborted === true) this.onCallerAbort();
     else caller?.addEventListener("abort", this.onCallerAbort, { once: true });
     if (timeoutMs !== undefined && !this.controller.signal.aborted) {
-      this.timer = setTimeout(() => this.abort(new ConnectError("the operation timed out", Code.DeadlineExceeded)), timeoutMs);
+      this.timer = setTimeout(() => this.abort(deadlineError()), timeoutMs);
     }
   }
 
@@ -168,7 +173,7 @@ function directHeaders(header: HeaderInit | undefined, timeoutMs: number | undef
 }
 
 function onDeadline(call: DirectCall): void {
-  call.cancel(new ConnectError("the operation timed out", Code.DeadlineExceeded));
+  call.cancel(deadlineError());
 }
 
 /**

@@ -91,7 +91,6 @@ export function callRecorder(metrics: ClientMetrics, method: DescMethod): (code:
 export function metricsInterceptor(metrics: ClientMetrics): Interceptor {
   return (next) => async (req) => {
     const record = callRecorder(metrics, req.method);
-
     const signal = req.signal;
     // The call's signal also fires when a call completes; by then the status is recorded.
     const onAbort = () => record(codeOf(undefined, signal));

@@ -6,13 +6,13 @@ import { parseTimeout, setTrailerStatus } from "@connectrpc/connect/protocol-grp
 import type { EnvelopeSink } from "../../wire/index.js";
 import {
   acceptsEncodedKey,
-  requestEncodingKey,
   compressedEnvelopeError,
   ENVELOPE_HEADER_BYTES,
   EnvelopeReader,
   FLAG_COMPRESSED,
   incompleteEnvelopeError,
   parseMessage,
+  requestEncodingKey,
   writeEnvelope,
   writeLimitError,
 } from "../../wire/index.js";
