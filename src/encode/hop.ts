@@ -28,7 +28,7 @@ import { callContextOf, ChannelPool, channelConfigSchema, CONTEXT_HEADERS, inPro
 import { bindService, ConfigError, hostPort, requestIdOf, type ModuleContext } from "../server/index.js";
 import { openSpan, spanningStream } from "../telemetry/index.js";
 import { delay, MAX_TIMER_MS, registeredMetric } from "../util/index.js";
-import { acceptsEncoded, EncodedMessage, encodedResponsesKey, requestEncoding } from "../wire/index.js";
+import { acceptsEncoded, EncodedFrames, EncodedMessage, framedResponsesKey, requestEncoding } from "../wire/index.js";
 import { EncoderRouter, type EncodeBinding, type EncodeTarget, type EncoderLifecycle, type FallbackCause } from "./router.js";
 import { notAnEncodeCard } from "./card.js";
 import { EncodeMembers, type HealthProbe, type MemberStateName, type MemberView, type OutlierOptions } from "./members.js";
@@ -267,8 +267,8 @@ export interface HopSeams {
 }
 
 /** A downstream message as the hop's own: its encoding unchanged (the same wire shape), or its output copied over. */
-function relayed(res: TokenGenerateResponse | EncodedMessage): GenerateResponse {
-  if (res instanceof EncodedMessage) return res as unknown as GenerateResponse;
+function relayed(res: TokenGenerateResponse | EncodedFrames): GenerateResponse {
+  if (res instanceof EncodedFrames) return res as unknown as GenerateResponse;
   return create(GenerateResponseSchema, res.output ? { output: res.output } : {});
 }
 
@@ -415,9 +415,10 @@ export function createHop(ctx: ModuleContext<EncodeHopConfig>, seams: HopSeams) 
   /**
    * The downstream's output for `request`. When the hop's own call writes
    * encoded messages as they are (the lean gRPC path) and the downstream
-   * transport reads them so (the lean client), each message is relayed as
-   * its bytes, neither parsed nor serialized again: the two GenerateResponse
-   * messages have the same wire shape. Otherwise they come parsed, and are
+   * transport reads them so (the lean client), the frames are relayed as
+   * they arrived, a run of them with one write, none parsed, serialized or
+   * framed again: the two GenerateResponse messages have the same wire
+   * shape. Otherwise they come parsed, and are
    * copied into the hop's message type. The transport is called directly,
    * without a promise client's per-message generator.
    */
@@ -427,8 +428,8 @@ export function createHop(ctx: ModuleContext<EncodeHopConfig>, seams: HopSeams) 
     signal: AbortSignal,
     relayEncoded: boolean,
     inboundEncoding?: Uint8Array,
-  ): Promise<AsyncIterable<TokenGenerateResponse | EncodedMessage>> => {
-    if (relayEncoded) contextValues.set(encodedResponsesKey, true);
+  ): Promise<AsyncIterable<TokenGenerateResponse | EncodedFrames>> => {
+    if (relayEncoded) contextValues.set(framedResponsesKey, true);
     // A request passed on unchanged goes as the bytes it came in (the two GenerateRequest types share a wire shape).
     // (Typed as the message: only the lean client, which sendsEncoded stands for, is given the encoding.)
     const input = new OneMessage(inboundEncoding !== undefined && sendsEncoded ? (new EncodedMessage(inboundEncoding) as unknown as TokenGenerateRequest) : create(TokenGenerateRequestSchema, { request }));
@@ -436,11 +437,11 @@ export function createHop(ctx: ModuleContext<EncodeHopConfig>, seams: HopSeams) 
     const forward = openSpan("hop.forward", { "mmgate.hop.downstream": config.downstream, "mmgate.hop.encoded": request.encoderResult !== undefined });
     if (forward === undefined) {
       const res = await downstreamTransport.stream(TokenWorkerService.method.generate, signal, undefined, undefined, input, contextValues);
-      return res.message as AsyncIterable<TokenGenerateResponse | EncodedMessage>;
+      return res.message as AsyncIterable<TokenGenerateResponse | EncodedFrames>;
     }
     try {
       const res = await forward.run(() => downstreamTransport.stream(TokenWorkerService.method.generate, signal, undefined, undefined, input, contextValues));
-      return spanningStream(forward, res.message as AsyncIterable<TokenGenerateResponse | EncodedMessage>);
+      return spanningStream(forward, res.message as AsyncIterable<TokenGenerateResponse | EncodedFrames>);
     } catch (error) {
       forward.end(error);
       throw error;

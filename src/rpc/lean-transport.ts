@@ -14,10 +14,14 @@ import type { EnvelopeSink } from "../wire/index.js";
 import {
   byteLengthOf,
   compressedEnvelopeError,
+  EncodedFrames,
   EncodedMessage,
   encodedResponsesKey,
+  encodeEnvelope,
+  ENVELOPE_HEADER_BYTES,
   EnvelopeReader,
   FLAG_COMPRESSED,
+  framedResponsesKey,
   h2ResetError,
   incompleteEnvelopeError,
   parseMessage,
@@ -260,7 +264,7 @@ export function createLeanGrpcTransport(options: LeanTransportOptions): Transpor
   }, interceptors);
   const streamCall = intercepted<StreamFn>(async (req) => {
     const only = normalized(req.method.input, await single(req.message));
-    const exchange = await Exchange.open(options, req.method, nodeHeaders(req.header), req.signal, only);
+    const exchange = await Exchange.open(options, req.method, nodeHeaders(req.header), req.signal, only, undefined, req.contextValues.get(framedResponsesKey));
     const encoded = req.contextValues.get(encodedResponsesKey);
     return { stream: true, service: req.service, method: req.method, header: exchange.header, trailer: exchange.trailer, message: exchange.messages(encoded) } as never;
   }, interceptors);
@@ -329,7 +333,7 @@ export function createLeanGrpcTransport(options: LeanTransportOptions): Transpor
         try {
           call.check();
           const only = normalized(method.input, await single(input));
-          const exchange = await Exchange.open(options, method, headers, undefined, only, call);
+          const exchange = await Exchange.open(options, method, headers, undefined, only, call, contextValues?.get(framedResponsesKey) ?? false);
           const encoded = contextValues?.get(encodedResponsesKey) ?? false;
           return new DirectCallResponse(true, method, call.messages(exchange.messages(encoded)), exchange) as never;
         } catch (error) {
@@ -418,6 +422,20 @@ class Compressed {
   constructor(readonly bytes: Uint8Array) {}
 }
 
+/**
+ * Frames that arrived back to back in one buffer (headers included), while
+ * they wait to be read as one EncodedFrames: a frame read in place right
+ * after the run's end extends it.
+ */
+class FrameRun {
+  count = 1;
+  constructor(
+    readonly buffer: ArrayBufferLike,
+    readonly start: number,
+    public end: number,
+  ) {}
+}
+
 /** The response encodings read (the same connect-node's transport accepts); never asked for. */
 const DECOMPRESSORS: readonly Compression[] = [compressionGzip, compressionBrotli];
 
@@ -452,7 +470,7 @@ class Exchange implements EnvelopeSink {
   private rawTrailer: IncomingHttpHeaders | undefined;
   private headerObject: Headers | undefined;
   private trailerObject: Headers | undefined;
-  private readonly queue: (Uint8Array | Compressed)[] = [];
+  private readonly queue: (Uint8Array | Compressed | FrameRun)[] = [];
   private waiter: (() => void) | undefined;
   /** The response ended, or the stream closed. */
   private ended = false;
@@ -473,6 +491,8 @@ class Exchange implements EnvelopeSink {
     private readonly options: LeanTransportOptions,
     private readonly output: DescMessage,
     private readonly unary: boolean,
+    /** Messages are read as EncodedFrames (framedResponsesKey): runs of whole frames as they arrived. */
+    private readonly framed: boolean,
   ) {
     this.envelopes = new EnvelopeReader(this, options.readMaxBytes);
   }
@@ -481,9 +501,18 @@ class Exchange implements EnvelopeSink {
    * Opens the call's stream with `requestHeaders` (node form) and sends
    * `message`. Cancelled by `signal` (the interceptor
    * path: the call's signal) or by `owner` (a direct call, which is given
-   * the exchange before the response headers are awaited).
+   * the exchange before the response headers are awaited). `framed`: its
+   * messages are read as EncodedFrames.
    */
-  static async open(options: LeanTransportOptions, method: DescMethod, requestHeaders: OutgoingHttpHeaders, signal: AbortSignal | undefined, message: unknown, owner?: DirectCall): Promise<Exchange> {
+  static async open(
+    options: LeanTransportOptions,
+    method: DescMethod,
+    requestHeaders: OutgoingHttpHeaders,
+    signal: AbortSignal | undefined,
+    message: unknown,
+    owner?: DirectCall,
+    framed = false,
+  ): Promise<Exchange> {
     // A big top-level bytes field goes out from the caller's buffer, not copied (message-chunks.ts).
     // A relayed request goes as the bytes it arrived in (a message of the same wire shape).
     const bytes = message instanceof EncodedMessage ? message.bytes : serializeMessage(method.input, message);
@@ -491,7 +520,7 @@ class Exchange implements EnvelopeSink {
     if (length > options.writeMaxBytes) throw writeLimitError(length, options.writeMaxBytes);
     signal?.throwIfAborted();
     const stream = await options.session.request("POST", `/${method.parent.typeName}/${method.name}`, requestHeaders, {});
-    const exchange = new Exchange(stream, options, method.output, method.methodKind === "unary");
+    const exchange = new Exchange(stream, options, method.output, method.methodKind === "unary", framed);
     if (signal !== undefined) {
       const onAbort = () => {
         // connect aborts the call's signal once the caller has its answer, too: nothing to cancel then.
@@ -576,13 +605,24 @@ class Exchange implements EnvelopeSink {
     this.abort(error);
   }
 
-  onMessage(flags: number, bytes: Uint8Array): boolean {
+  onMessage(flags: number, bytes: Uint8Array, inPlace: boolean): boolean {
     if ((flags & FLAG_COMPRESSED) !== 0) {
       if (this.compression === undefined) {
         this.abort(compressedEnvelopeError());
         return false;
       }
       this.queue.push(new Compressed(bytes));
+    } else if (this.framed && flags === 0 && inPlace) {
+      // Right after the frame before it in the same buffer: one run, written on with one write.
+      const start = bytes.byteOffset - ENVELOPE_HEADER_BYTES;
+      const end = bytes.byteOffset + bytes.byteLength;
+      const tail = this.queue[this.queue.length - 1];
+      if (tail instanceof FrameRun && tail.buffer === bytes.buffer && tail.end === start) {
+        tail.end = end;
+        tail.count += 1;
+        return this.failure === undefined;
+      }
+      this.queue.push(new FrameRun(bytes.buffer, start, end));
     } else this.queue.push(bytes);
     // Hold the server back through flow control while the reader lags.
     if (this.queue.length > 16) this.stream.pause();
@@ -631,8 +671,8 @@ class Exchange implements EnvelopeSink {
     waiter?.();
   }
 
-  /** The next message's bytes, or undefined at the end (after the trailers' status checked out). */
-  private async next(): Promise<Uint8Array | undefined> {
+  /** The next message's bytes (or run of frames), or undefined at the end (after the trailers' status checked out). */
+  private async next(): Promise<Uint8Array | FrameRun | undefined> {
     try {
       for (;;) {
         if (this.failure !== undefined) throw this.failure;
@@ -670,16 +710,26 @@ class Exchange implements EnvelopeSink {
       if (this.headerError) throw this.headerError;
       throw new ConnectError("protocol error: missing output message for unary method", this.trailer.has("grpc-status") ? Code.Unimplemented : Code.Unknown);
     }
-    const message = this.parse(first);
+    // (A unary exchange is never framed: its entries are messages.)
+    const message = this.parse(first as Uint8Array);
     if ((await this.next()) !== undefined) throw new ConnectError("protocol error: received extra output message for unary method", Code.Unimplemented);
     if (this.headerError) throw new ConnectError("protocol error: received output message for unary method with error status", Code.Unknown);
     return message;
   }
 
-  /** A server stream's messages, parsed as they are read, or (`encoded`) as their bytes. */
+  /**
+   * A server stream's messages, parsed as they are read, or (`encoded`) as
+   * their bytes; in a framed exchange, as EncodedFrames (a frame that came
+   * apart across reads, or compressed, framed again on its own).
+   */
   messages(encoded: boolean): AsyncIterable<unknown> {
-    const result = (bytes: Uint8Array | undefined): IteratorResult<unknown> =>
-      bytes === undefined ? { done: true, value: undefined } : { done: false, value: encoded ? new EncodedMessage(bytes) : this.parse(bytes) };
+    const framed = this.framed;
+    const result = (entry: Uint8Array | FrameRun | undefined): IteratorResult<unknown> => {
+      if (entry === undefined) return { done: true, value: undefined };
+      if (entry instanceof FrameRun) return { done: false, value: new EncodedFrames(new Uint8Array(entry.buffer, entry.start, entry.end - entry.start), entry.count) };
+      if (framed) return { done: false, value: new EncodedFrames(encodeEnvelope(entry), 1) };
+      return { done: false, value: encoded ? new EncodedMessage(entry) : this.parse(entry) };
+    };
     return {
       [Symbol.asyncIterator]: () => ({
         next: (): Promise<IteratorResult<unknown>> => {

@@ -1,5 +1,7 @@
 import type { HandlerContext } from "@connectrpc/connect";
-import { createContextKey } from "@connectrpc/connect";
+import { Code, ConnectError, createContextKey } from "@connectrpc/connect";
+import { writeLimitError } from "./envelope.js";
+import { ENVELOPE_HEADER_BYTES } from "./protocol.js";
 
 /**
  * A message's binary encoding, carried in place of the message itself where
@@ -14,13 +16,48 @@ export class EncodedMessage {
   constructor(readonly bytes: Uint8Array) {}
 }
 
+/**
+ * Whole gRPC length-prefixed messages (flags 0, uncompressed), back to back,
+ * as they arrived on a response stream: `count` frames in `bytes`. A relay
+ * whose two ends speak gRPC with messages of the same wire shape passes them
+ * on with one write per run instead of one per message, parsing, copying and
+ * framing nothing (the lean client yields them when asked with
+ * `framedResponsesKey`; the lean gRPC path writes them as they are).
+ */
+export class EncodedFrames {
+  constructor(
+    readonly bytes: Uint8Array,
+    readonly count: number,
+  ) {}
+}
+
+/**
+ * Checks that `frames` is whole frames, each message within `writeMaxBytes`
+ * (writeLimitError as for one message), before any of it is written.
+ */
+export function checkFrames(frames: EncodedFrames, writeMaxBytes: number): void {
+  const bytes = frames.bytes;
+  let at = 0;
+  let count = 0;
+  while (at + ENVELOPE_HEADER_BYTES <= bytes.length) {
+    const length = bytes[at + 1]! * 0x1000000 + ((bytes[at + 2]! << 16) | (bytes[at + 3]! << 8) | bytes[at + 4]!);
+    if (length > writeMaxBytes) throw writeLimitError(length, writeMaxBytes);
+    at += ENVELOPE_HEADER_BYTES + length;
+    count += 1;
+  }
+  if (at !== bytes.length || count !== frames.count) throw new ConnectError(`relayed frames are not ${frames.count} whole messages`, Code.Internal);
+}
+
+/** Client call option (context value): yield a server stream's messages as EncodedFrames, runs of whole frames as they arrived. Transports that cannot ignore it. */
+export const framedResponsesKey = createContextKey<boolean>(false, { description: "mmgate: server stream responses as EncodedFrames" });
+
 /** Client call option (context value): yield a server stream's messages as EncodedMessage. Transports that cannot ignore it. */
 export const encodedResponsesKey = createContextKey<boolean>(false, { description: "mmgate: server stream responses as EncodedMessage" });
 
-/** Set on a call whose server path writes an EncodedMessage a handler yields as it is (the lean gRPC path). */
+/** Set on a call whose server path writes an EncodedMessage or EncodedFrames a handler yields as it is (the lean gRPC path). */
 export const acceptsEncodedKey = createContextKey<boolean>(false, { description: "mmgate: the call writes EncodedMessage as it is" });
 
-/** Whether the handler's call writes an EncodedMessage it yields as it is. */
+/** Whether the handler's call writes an EncodedMessage or EncodedFrames it yields as it is. */
 export function acceptsEncoded(ctx: HandlerContext): boolean {
   return ctx.values.get(acceptsEncodedKey);
 }

@@ -43,9 +43,11 @@ export interface EnvelopeSink {
   wantsMessage?(flags: number, length: number): boolean;
   /**
    * A whole message: a view of the chunk when it arrived in one, else a
-   * buffer of its own. Returns whether to read on.
+   * buffer of its own. `inPlace`: it arrived in one chunk together with its
+   * 5-byte header, which precedes it in the same buffer. Returns whether to
+   * read on.
    */
-  onMessage(flags: number, payload: Uint8Array): boolean;
+  onMessage(flags: number, payload: Uint8Array, inPlace: boolean): boolean;
   /** A message over readMaxBytes, refused from its header before any of it is buffered; the reader stops. */
   onOversize(error: ConnectError): void;
 }
@@ -85,7 +87,9 @@ export class EnvelopeReader {
     while (at < chunk.length && !this.stopped) {
       if (!this.inMessage) {
         let length: number;
-        if (this.headerFilled === 0 && chunk.length - at >= ENVELOPE_HEADER_BYTES) {
+        // The header is this chunk's own, right before the message: a message whole in the chunk is then in place.
+        const headerInChunk = this.headerFilled === 0 && chunk.length - at >= ENVELOPE_HEADER_BYTES;
+        if (headerInChunk) {
           this.flags = chunk[at]!;
           length = lengthAt(chunk, at + 1);
           at += ENVELOPE_HEADER_BYTES;
@@ -107,7 +111,7 @@ export class EnvelopeReader {
         }
         const wanted = this.sink.wantsMessage?.(this.flags, length) ?? true;
         if (chunk.length - at >= length) {
-          if (wanted && !this.sink.onMessage(this.flags, chunk.subarray(at, at + length))) this.stopped = true;
+          if (wanted && !this.sink.onMessage(this.flags, chunk.subarray(at, at + length), headerInChunk)) this.stopped = true;
           at += length;
           continue;
         }
@@ -125,7 +129,7 @@ export class EnvelopeReader {
         const body = this.body;
         this.inMessage = false;
         this.body = undefined;
-        if (body !== undefined && !this.sink.onMessage(this.flags, body)) this.stopped = true;
+        if (body !== undefined && !this.sink.onMessage(this.flags, body, false)) this.stopped = true;
       }
     }
   }

@@ -6,7 +6,17 @@
  * lean client (src/rpc/lean-transport.ts) take these from here, neither
  * from the other.
  */
-export { acceptsEncoded, acceptsEncodedKey, EncodedMessage, encodedResponsesKey, requestEncoding, requestEncodingKey } from "./encoded-message.js";
+export {
+  acceptsEncoded,
+  acceptsEncodedKey,
+  checkFrames,
+  EncodedFrames,
+  EncodedMessage,
+  encodedResponsesKey,
+  framedResponsesKey,
+  requestEncoding,
+  requestEncodingKey,
+} from "./encoded-message.js";
 export {
   allocEnvelope,
   compressedEnvelopeError,

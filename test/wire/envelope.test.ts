@@ -15,7 +15,7 @@ const join = (...parts: Uint8Array[]) => Buffer.concat(parts);
 
 /** A sink that records what the reader hands it. */
 class Recorder implements EnvelopeSink {
-  readonly messages: { flags: number; payload: number[]; inPlace: boolean }[] = [];
+  readonly messages: { flags: number; payload: number[]; inPlace: boolean; framed: boolean }[] = [];
   readonly refused: ConnectError[] = [];
   chunk: Uint8Array | undefined;
   constructor(
@@ -25,8 +25,15 @@ class Recorder implements EnvelopeSink {
   get wantsMessage() {
     return this.wanted;
   }
-  onMessage(flags: number, payload: Uint8Array): boolean {
-    this.messages.push({ flags, payload: [...payload], inPlace: payload.buffer === this.chunk?.buffer });
+  onMessage(flags: number, payload: Uint8Array, framed: boolean): boolean {
+    const inPlace = payload.buffer === this.chunk?.buffer;
+    if (framed) {
+      // Said to be framed in place: the message's own header is right before it in the chunk.
+      const header = new Uint8Array(payload.buffer, payload.byteOffset - 5, 5);
+      expect(inPlace).to.equal(true);
+      expect([...header]).to.deep.equal([flags, ...encodeEnvelope(payload).subarray(1, 5)]);
+    }
+    this.messages.push({ flags, payload: [...payload], inPlace, framed });
     return this.messages.length < this.stopAfter;
   }
   onOversize(error: ConnectError): void {
@@ -55,10 +62,20 @@ describe("wire: the envelope codec", () => {
         { flags: 0x80, payload: [9, 8, 7, 6, 5, 4] },
       ]);
       expect(reader.partial).to.equal(false);
+      // Framed in place exactly when the header and the message came in one part.
+      const ends = parts.map((_, i) => parts.slice(0, i + 1).reduce((n, p) => n + p.length, 0));
+      const starts = [0, 3 + 5, 8 + 5];
+      const lengths = [3, 0, 6];
+      sink.messages.forEach((m, i) => {
+        const headerAt = starts[i]!;
+        const part = ends.findIndex((end) => end > headerAt);
+        const partStart = part === 0 ? 0 : ends[part - 1]!;
+        expect(m.framed, `message ${i}, parts ${parts.map((p) => p.length).join("+")}`).to.equal(headerAt >= partStart && headerAt + 5 + lengths[i]! <= ends[part]!);
+      });
     }
     const sink = new Recorder();
     feed(new EnvelopeReader(sink), sink, [body]);
-    expect(sink.messages.every((m) => m.inPlace)).to.equal(true);
+    expect(sink.messages.every((m) => m.inPlace && m.framed)).to.equal(true);
   });
 
   it("refuses a message over readMaxBytes from its header, and reads nothing more", () => {

@@ -6,7 +6,7 @@ import type { ContextKey, ContextValues, HandlerContext, Interceptor, StreamRequ
 import { Code, ConnectError } from "@connectrpc/connect";
 import type { createMethodSerializationLookup } from "@connectrpc/connect/protocol";
 import { MAX_TIMER_MS } from "../../util/index.js";
-import { byteLengthOf, EncodedMessage, h2ResetError, isConnectionHeader, serializeMessage, webHeadersOf, writeLimitError } from "../../wire/index.js";
+import { byteLengthOf, EncodedFrames, EncodedMessage, h2ResetError, isConnectionHeader, serializeMessage, webHeadersOf, writeLimitError } from "../../wire/index.js";
 import { setPeerCertificate } from "../peer-certificate.js";
 import type { ObservedCall, RpcObserver } from "../rpc-observer.js";
 import { rpcRecordKey } from "../rpc-observer.js";
@@ -89,7 +89,7 @@ async function firstOf(iterable: AsyncIterable<unknown>): Promise<unknown> {
 
 function normalize(desc: DescMessage, value: unknown): unknown {
   // A relayed encoding is written as it is (only calls that accept it get one: acceptsEncodedKey).
-  return isMessage(value, desc) || value instanceof EncodedMessage ? value : create(desc, value as never);
+  return isMessage(value, desc) || value instanceof EncodedMessage || value instanceof EncodedFrames ? value : create(desc, value as never);
 }
 
 /**

@@ -6,7 +6,9 @@ import { parseTimeout, setTrailerStatus } from "@connectrpc/connect/protocol-grp
 import type { EnvelopeSink } from "../../wire/index.js";
 import {
   acceptsEncodedKey,
+  checkFrames,
   compressedEnvelopeError,
+  EncodedFrames,
   ENVELOPE_HEADER_BYTES,
   EnvelopeReader,
   FLAG_COMPRESSED,
@@ -91,9 +93,14 @@ export class GrpcCall extends LeanCall {
           done = true;
           return;
         }
-        // A message serialized once for many calls (pre-encoded.ts) goes out as its bytes, copied nowhere.
-        const envelope = preEncodedEnvelope(next.value, this.method.output);
-        const ok = envelope === undefined ? this.sendMessage(this.serializeBinary(next.value), false) : this.sendEnvelope(envelope);
+        const value = next.value;
+        let ok: boolean;
+        // Relayed frames, and a message serialized once for many calls (pre-encoded.ts), go out as their bytes, copied nowhere.
+        if (value instanceof EncodedFrames) ok = this.sendFrames(value);
+        else {
+          const envelope = preEncodedEnvelope(value, this.method.output);
+          ok = envelope === undefined ? this.sendMessage(this.serializeBinary(value), false) : this.sendEnvelope(envelope);
+        }
         if (!ok) await this.drained();
       }
     } finally {
@@ -173,6 +180,15 @@ export class GrpcCall extends LeanCall {
     if (this.closed || stream.destroyed) return true;
     if (!this.headersSent) this.respond();
     return stream.write(envelope);
+  }
+
+  /** Writes relayed frames as they are, each message checked against writeMaxBytes first; returns false when the stream asks the writer to wait. */
+  private sendFrames(frames: EncodedFrames): boolean {
+    checkFrames(frames, this.path.options.writeMaxBytes);
+    const stream = this.stream;
+    if (this.closed || stream.destroyed) return true;
+    if (!this.headersSent) this.respond();
+    return stream.write(frames.bytes);
   }
 
   /** Ends the response: trailers only (after the headers), with `error`'s status or OK. */
