@@ -2,6 +2,7 @@ import { createContextKey, createContextValues } from "@connectrpc/connect";
 import type { ContextValues, HandlerContext } from "@connectrpc/connect";
 import { requestIdOf } from "../server/index.js";
 import { TRACE_CONTEXT_HEADERS } from "../telemetry/index.js";
+import { requestHeaderValue } from "../wire/index.js";
 
 /**
  * What an outbound call carries over from the call that caused it. Passed
@@ -71,11 +72,11 @@ export function isPassOnHeaderName(name: string): boolean {
 export function passedOnHeaders(ctx: Pick<HandlerContext, "requestHeader">, names: readonly string[], authorization: boolean): Record<string, string> {
   const out: Record<string, string> = {};
   for (const name of names) {
-    const value = ctx.requestHeader.get(name);
+    const value = requestHeaderValue(ctx, name);
     if (value !== null) out[name] = value;
   }
   if (authorization) {
-    const value = ctx.requestHeader.get("authorization");
+    const value = requestHeaderValue(ctx, "authorization");
     if (value !== null) out["authorization"] = value;
   }
   return out;

@@ -30,6 +30,6 @@ export {
 } from "./envelope.js";
 export { byteLengthOf, parseMessage, serializeMessage } from "./binary.js";
 export { serializeChunked } from "./message-chunks.js";
-export { isConnectionHeader, webHeadersOf } from "./h2-headers.js";
+export { incomingHeaderValue, isConnectionHeader, requestHeaderValue, requestHeaderValueKey, webHeadersOf } from "./h2-headers.js";
 export { h2ResetError } from "./h2-reset.js";
 export { ENVELOPE_HEADER_BYTES, FLAG_COMPRESSED, FLAG_END_STREAM, FLAG_TRAILERS } from "./protocol.js";

@@ -1519,6 +1519,28 @@ for (const leanPath of [true, false]) {
       });
     });
 
+    it("handlers waiting on their signals when the grace is over: every signal aborts, with the shutdown's reason", async () => {
+      const tag = `${label}-grace`;
+      const host = await startServer({ modules: [leanModule(tag)], config: { rpc: { leanPath }, shutdown: { graceMs: 200 } } });
+      const session = await connectH2(host.addr);
+      try {
+        const calls = ["g1", "g2", "g3"].map((name) => startRawH2(session, { headers: grpcHeaders(UNARY), body: frame(`hang:${name}`) }));
+        await eventually(() => expect(["g1", "g2", "g3"].every((name) => eventsOf(tag, name).includes("started"))).to.equal(true));
+        const shutdown = host.host.shutdown();
+        await Promise.all(calls.map((c) => c.response));
+        await shutdown;
+        for (const name of ["g1", "g2", "g3"]) {
+          const seen = eventsOf(tag, name);
+          expect(seen[0]).to.equal("started");
+          // The shutdown's reason (server shut down, UNAVAILABLE), not the reset that cuts the stream afterwards.
+          expect(seen[1], name).to.equal("aborted:Unavailable");
+        }
+      } finally {
+        session.destroy();
+        await host.close();
+      }
+    });
+
     it("a call still sending its request when the host starts draining gets UNAVAILABLE \"server is shutting down\"", async () => {
       const draining = await startServer({ modules: [leanModule(`${label}-drain`)], config: { rpc: { leanPath } } });
       const session = await connectH2(draining.addr);

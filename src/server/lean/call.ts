@@ -6,7 +6,7 @@ import type { ContextKey, ContextValues, HandlerContext, Interceptor, StreamRequ
 import { Code, ConnectError } from "@connectrpc/connect";
 import type { createMethodSerializationLookup } from "@connectrpc/connect/protocol";
 import { MAX_TIMER_MS } from "../../util/index.js";
-import { byteLengthOf, EncodedFrames, EncodedMessage, h2ResetError, isConnectionHeader, serializeMessage, webHeadersOf, writeLimitError } from "../../wire/index.js";
+import { byteLengthOf, EncodedFrames, EncodedMessage, h2ResetError, incomingHeaderValue, isConnectionHeader, requestHeaderValueKey, serializeMessage, webHeadersOf, writeLimitError } from "../../wire/index.js";
 import { setPeerCertificate } from "../peer-certificate.js";
 import type { ObservedCall, RpcObserver } from "../rpc-observer.js";
 import { rpcRecordKey } from "../rpc-observer.js";
@@ -54,6 +54,8 @@ export interface LeanPathOptions {
 export interface CallHost {
   readonly options: LeanPathOptions;
   chainFor(route: Route): (req: UnaryRequest | StreamRequest) => Promise<unknown>;
+  /** Calls whose signal exists: aborted with the shutdown signal's reason when it fires, by one listener for them all. */
+  readonly signalledCalls: Set<LeanCall>;
 }
 
 /** The request message, or the reason there is none, as a one-message stream for server-streaming interceptors. */
@@ -303,8 +305,10 @@ function abortAtDeadline(controller: AbortController): void {
 
 /**
  * One call on the lean path, of either protocol; also the HandlerContext
- * its handler gets. It is the shutdown signal's listener itself
- * (handleEvent), so that no closure is made per call.
+ * its handler gets. A call whose signal was made is in its host's
+ * `signalledCalls` until it closes, so that the shutdown signal reaches it
+ * without a listener of its own (adding and removing one per call cost more
+ * than the call's signal).
  */
 export abstract class LeanCall implements HandlerContext {
   readonly requestMethod = "POST";
@@ -364,6 +368,12 @@ export abstract class LeanCall implements HandlerContext {
     return (this.requestHeaders ??= webHeadersOf(this.headers));
   }
 
+  /** One request header (wire's requestHeaderValue): from Node's headers until the `Headers` exists, which a caller may have changed. */
+  [requestHeaderValueKey](name: string): string | null {
+    if (this.requestHeaders !== undefined) return this.requestHeaders.get(name);
+    return name.startsWith(":") ? null : incomingHeaderValue(this.headers, name);
+  }
+
   get responseHeader(): Headers {
     return (this.responseHeaders ??= this.initialResponseHeader());
   }
@@ -394,7 +404,7 @@ export abstract class LeanCall implements HandlerContext {
     if (this.closed) controller.abort();
     else if (shutdown.aborted) controller.abort(shutdown.reason);
     else {
-      shutdown.addEventListener("abort", this);
+      this.path.signalledCalls.add(this);
       if (this.deadline !== undefined) {
         const left = this.deadline - Date.now();
         if (left <= 0) controller.abort(deadlineExceeded());
@@ -406,9 +416,9 @@ export abstract class LeanCall implements HandlerContext {
     return controller.signal;
   }
 
-  /** The shutdown signal fired (the grace is over). */
-  handleEvent(): void {
-    this.controller?.abort(this.path.options.shutdownSignal.reason);
+  /** The host's shutdown signal fired (the grace is over). */
+  shutdown(reason: unknown): void {
+    this.controller?.abort(reason);
   }
 
   /** The request the interceptors see; its signal and header exist once read. */
@@ -429,6 +439,8 @@ export abstract class LeanCall implements HandlerContext {
     return Object.defineProperties(Object.create(this) as HandlerContext, {
       service: { value: req.service },
       requestHeader: { value: (req.header as Headers | undefined) ?? this.requestHeader },
+      // Its header is the request's: read through it, not from Node's.
+      [requestHeaderValueKey]: { value: undefined },
       signal: { value: (req.signal as AbortSignal | undefined) ?? this.signal },
       values: { value: req.contextValues },
     });
@@ -473,7 +485,7 @@ export abstract class LeanCall implements HandlerContext {
     this.input?.abort();
     if (this.deadlineTimer !== undefined) clearTimeout(this.deadlineTimer);
     if (this.controller !== undefined) {
-      this.path.options.shutdownSignal.removeEventListener("abort", this);
+      this.path.signalledCalls.delete(this);
       if (!this.controller.signal.aborted) {
         // As connect-node's request signal: a reset aborts with what its code means; a normal end without a reason.
         const reset = h2ResetError(this.stream.rstCode ?? 0);

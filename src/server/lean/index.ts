@@ -2,7 +2,7 @@ import type { IncomingHttpHeaders, ServerHttp2Stream } from "node:http2";
 import type { DescService } from "@bufbuild/protobuf";
 import type { StreamRequest, UnaryRequest } from "@connectrpc/connect";
 import { peerOf } from "../rpc-observer.js";
-import type { CallHost, Impl, LeanPathOptions, Route } from "./call.js";
+import type { CallHost, Impl, LeanCall, LeanPathOptions, Route } from "./call.js";
 import { invokeMethod, negotiatedEncoding } from "./call.js";
 import { ConnectCall, connectUnaryFormat } from "./connect.js";
 import { GrpcCall } from "./grpc.js";
@@ -37,7 +37,17 @@ export class LeanPath implements CallHost {
   /** The interceptors applied around a call's method, built once per route. */
   private readonly chains = new Map<Route, (req: UnaryRequest | StreamRequest) => Promise<unknown>>();
 
-  constructor(readonly options: LeanPathOptions) {}
+  readonly signalledCalls = new Set<LeanCall>();
+
+  constructor(readonly options: LeanPathOptions) {
+    const shutdown = options.shutdownSignal;
+    const onShutdown = () => {
+      for (const call of this.signalledCalls) call.shutdown(shutdown.reason);
+      this.signalledCalls.clear();
+    };
+    if (shutdown.aborted) onShutdown();
+    else shutdown.addEventListener("abort", onShutdown, { once: true });
+  }
 
   /** Serves the unary and server-streaming methods of `service` that `implementation` defines. */
   addService(service: DescService, implementation: object): void {
