@@ -68,7 +68,7 @@ import { GenerateRequestSchema, GenerateResponseSchema, TokenWorkerService } fro
 import { consumeEncodeStream, encodeHopModule, encodeWorkerModule, tokenWorkerModule } from "../src/encode/index.js";
 import { mediaModule } from "../src/media/index.js";
 import { resolveConfig, startHost, type Host } from "../src/server/index.js";
-import { interleave, median, ratios, spread, summary } from "./_stats.js";
+import { interleave, median, medianInterval, ratios, spread, summary } from "./_stats.js";
 
 const ROUNDS = Number(process.env.BENCH_ROUNDS ?? 9);
 const CALLS = Number(process.env.BENCH_CALLS ?? 400);
@@ -81,6 +81,8 @@ const PACE_MS = Number(process.env.BENCH_TOKEN_INTERVAL_MS ?? 5);
 const PARTS = new Set((process.env.BENCH_ONLY ?? "instant,paced,in-process").split(",").map((part) => part.trim()));
 const TARGET_LATENCY = 1.3;
 const TARGET_THROUGHPUT = 0.7;
+/** The unpaced run's target: the hop's CPU per call at most this many times the token worker's on the same calls. */
+const TARGET_CPU = 1.5;
 
 const root = new URL("..", import.meta.url).pathname;
 const started = performance.now();
@@ -290,7 +292,12 @@ async function allProcesses(paceMs: number): Promise<void> {
   const col = (kind: Kind, f: keyof Sample) => samples[kind].map((s) => s[f] ?? NaN);
   const known = (xs: number[]) => xs.every((x) => Number.isFinite(x));
   const cpu = (kind: Kind, f: "hop" | "tokenWorker" | "generator") => (known(col(kind, f)) ? `${summary(col(kind, f), 0)}` : "-");
-  const ratio = (xs: number[], digits = 2) => (known(xs) ? `${median(xs).toFixed(digits)}x (${spread(xs, digits)})` : "-");
+  /** "median (min–max)", and from 9 rounds on the 95 % interval of the median (bench/_stats.ts). */
+  const ratio = (xs: number[], digits = 2) => {
+    if (!known(xs)) return "-";
+    const interval = medianInterval(xs);
+    return `${median(xs).toFixed(digits)}x (${spread(xs, digits)}${interval === undefined ? "" : `; median 95 % interval ${interval[0].toFixed(digits)}–${interval[1].toFixed(digits)}`})`;
+  };
 
   console.log(
     `encode hop: text-only passthrough, every party in its own process; ${ROUNDS} interleaved rounds of ${DURATION_MS} ms ` +
@@ -332,6 +339,10 @@ async function allProcesses(paceMs: number): Promise<void> {
       `  CPU per call: the hop adds ${summary(hopCpu, 0)} µs next to the token worker's ${summary(twViaHop, 0)} µs ` +
         `(hop / token worker ${ratio(ratios(hopCpu, twViaHop))}); the token worker behind the hop / called directly ${ratio(ratios(twViaHop, twDirect))}`,
     );
+    if (paceMs === 0) {
+      const cpuRatio = ratios(hopCpu, twViaHop);
+      console.log(`  hop / token worker CPU per call ${median(cpuRatio).toFixed(2)}x, target <= ${TARGET_CPU}x: ${verdict(median(cpuRatio) <= TARGET_CPU)}`);
+    }
     console.log(
       `  every process's CPU per call (generator included), direct / hop: ${ratio(ratios(allDirect, allHop))} ` +
         `-- the throughput ratio this machine allows when its cores are the limit`,
