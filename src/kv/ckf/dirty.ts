@@ -23,15 +23,19 @@ export interface DrainedWindow {
 
 export class DirtyWindow implements CkfWriteObserver {
   private readonly member: Uint32Array;
+  /** The lane as two u32s per bucket (its word's low and high halves): a bucket is kept and compared in two steps, not four. */
+  private readonly halves: Uint32Array;
   private order: Int32Array;
-  /** Four u16 slots per entry of `order`: the bucket before its first write. */
-  private originals: Uint16Array;
+  /** Two u32s per entry of `order`: the bucket's halves before its first write. */
+  private originals: Uint32Array;
   private count = 0;
 
-  constructor(private readonly slots: Uint16Array) {
+  /** `slots`: a lane's slots, four u16s per bucket, starting on a 4-byte boundary (a lane's own buffer does). */
+  constructor(slots: Uint16Array) {
     this.member = new Uint32Array(Math.ceil(slots.length / 4 / 32));
+    this.halves = new Uint32Array(slots.buffer, slots.byteOffset, slots.length / 2);
     this.order = new Int32Array(64);
-    this.originals = new Uint16Array(64 * 4);
+    this.originals = new Uint32Array(64 * 2);
   }
 
   beforeWrite(bucket: number): void {
@@ -43,14 +47,12 @@ export class DirtyWindow implements CkfWriteObserver {
     if (this.count === this.order.length) this.grow();
     const at = this.count++;
     this.order[at] = bucket;
-    const from = bucket << 2;
-    const to = at << 2;
-    const s = this.slots;
+    const from = bucket << 1;
+    const to = at << 1;
+    const h = this.halves;
     const o = this.originals;
-    o[to] = s[from]!;
-    o[to + 1] = s[from + 1]!;
-    o[to + 2] = s[from + 2]!;
-    o[to + 3] = s[from + 3]!;
+    o[to] = h[from]!;
+    o[to + 1] = h[from + 1]!;
   }
 
   /** The membership word of `bucket`, read for its memory only (see CkfLane.peek). */
@@ -83,10 +85,10 @@ export class DirtyWindow implements CkfWriteObserver {
 
   /**
    * The changed buckets' images as columns, and an empty window. Each value
-   * is copied as the bucket's four slots (the same bytes as its u64 word), so
-   * draining makes no BigInt and no object per image. With `images` false
-   * the window is emptied and counted without building them (no consumer
-   * would read them).
+   * is copied as the bucket's two u32 halves (the same bytes as its u64
+   * word), so draining makes no BigInt and no object per image. With
+   * `images` false the window is emptied and counted without building them
+   * (no consumer would read them).
    */
   drain(withImages = true): DrainedWindow {
     const count = this.count;
@@ -95,39 +97,35 @@ export class DirtyWindow implements CkfWriteObserver {
     const valuesAt = (count * 4 + 7) & ~7;
     const memory = withImages ? new ArrayBuffer(valuesAt + count * 8) : undefined;
     const buckets = memory === undefined ? undefined : new Uint32Array(memory, 0, count);
-    const slots = memory === undefined ? undefined : new Uint16Array(memory, valuesAt, count * 4);
+    const values = memory === undefined ? undefined : new Uint32Array(memory, valuesAt, count * 2);
     let changed = 0;
-    const s = this.slots;
+    const h = this.halves;
     const o = this.originals;
     const order = this.order;
     let netReverted = 0;
     for (let at = 0; at < count; at++) {
       const bucket = order[at]!;
       this.unmark(bucket);
-      const i = bucket << 2;
-      const j = at << 2;
-      const s0 = s[i]!;
-      const s1 = s[i + 1]!;
-      const s2 = s[i + 2]!;
-      const s3 = s[i + 3]!;
-      if (s0 === o[j] && s1 === o[j + 1] && s2 === o[j + 2] && s3 === o[j + 3]) {
+      const i = bucket << 1;
+      const j = at << 1;
+      const low = h[i]!;
+      const high = h[i + 1]!;
+      if (low === o[j] && high === o[j + 1]) {
         netReverted++;
         continue;
       }
-      if (buckets !== undefined && slots !== undefined) {
+      if (buckets !== undefined && values !== undefined) {
         buckets[changed] = bucket;
-        const k = changed << 2;
-        slots[k] = s0;
-        slots[k + 1] = s1;
-        slots[k + 2] = s2;
-        slots[k + 3] = s3;
+        const k = changed << 1;
+        values[k] = low;
+        values[k + 1] = high;
       }
       changed++;
     }
     this.count = 0;
-    if (buckets === undefined || slots === undefined) return { columns: undefined, changed, netReverted };
-    // A little-endian host (the lanes refuse any other): four u16 slots are the bytes of their u64 word.
-    const columns = { buckets: buckets.subarray(0, changed), values: new BigUint64Array(slots.buffer, valuesAt, changed) };
+    if (memory === undefined || buckets === undefined) return { columns: undefined, changed, netReverted };
+    // A little-endian host (the lanes refuse any other): a bucket's two u32 halves, low first, are the bytes of its u64 word.
+    const columns = { buckets: buckets.subarray(0, changed), values: new BigUint64Array(memory, valuesAt, changed) };
     return { columns, changed, netReverted };
   }
 
@@ -144,7 +142,7 @@ export class DirtyWindow implements CkfWriteObserver {
   private grow(): void {
     const order = new Int32Array(this.order.length * 2);
     order.set(this.order);
-    const originals = new Uint16Array(this.originals.length * 2);
+    const originals = new Uint32Array(this.originals.length * 2);
     originals.set(this.originals);
     this.order = order;
     this.originals = originals;

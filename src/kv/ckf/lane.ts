@@ -97,7 +97,8 @@ export class CkfLane {
    * The key's fingerprint and bucketA (B.2, as CkfAddressing.probe computes
    * them) into `keyFingerprint` / `keyBucket`: for a caller that addresses
    * several keys before inserting them (see `peek`). bucketB is left to
-   * insertAt, which reads the delta table only when bucketA is full.
+   * insertAt, which reads the delta table only when bucketA is full. The
+   * halves may be u32s or int32s of the same bits.
    */
   address(hi: number, lo: number): void {
     const mixer = this.mixer;

@@ -7,7 +7,7 @@
  *   z = state; z = (z ^ z >> 30) * 0xBF58476D1CE4E5B9; z = (z ^ z >> 27) * 0x94D049BB133111EB
  *   return z ^ z >> 31                                   (all mod 2^64)
  */
-import { GOLDEN_GAMMA, U64_MAX } from "./u64.js";
+import { GOLDEN_GAMMA, U32_FIELD_INIT, U64_MAX } from "./u64.js";
 
 const GAMMA_HI = 0x9e37_79b9;
 const GAMMA_LO = 0x7f4a_7c15;
@@ -32,8 +32,8 @@ export class SplitMix64 {
   private stateHi: number;
   private stateLo: number;
   /** The last output's high and low 32 bits. */
-  hi = 0;
-  lo = 0;
+  hi = U32_FIELD_INIT;
+  lo = U32_FIELD_INIT;
 
   constructor(state: bigint) {
     const s = state & U64_MAX;

@@ -18,7 +18,7 @@ import { CkfError, describeValue } from "./errors.js";
 import { residencyGate, type KvCacheEventData, type RouterEvent, type StoredBlock } from "./events.js";
 import { ColumnBatch, type DcCkfPublicationBatch } from "./identity.js";
 import { CkfLane } from "./lane.js";
-import { hi32, isU32, isU64, joinU64, lo32 } from "./u64.js";
+import { asInt32, hi32, isU32, isU64, joinU64, lo32 } from "./u64.js";
 import { EventScratchMap, LineageMap, mixU64, OwnerTable } from "./u64-tables.js";
 import { Xxh3Of16 } from "./xxh3-16.js";
 
@@ -621,52 +621,76 @@ export class DcCkfState {
    * Blocks from..to-1 of the Stored event under way, ahead of the check: each
    * canonical hash (the tokens hash chained onto the previous block's, or onto
    * the event's parent) replaces the tokens hash in `keys`, with the block
-   * hash's mix, the canonical hash's mix and its lane address beside it; then
-   * one read of each lineage index line the check will probe first (and, for
-   * a short event, of what the ownership will touch: touchOwned). In a loop of
-   * reads only, the blocks' cache misses overlap, where probing one block
-   * after another waits for each in turn. Reads and scratch only: nothing
-   * changes.
+   * hash's mix, the canonical hash's mix and its lane address beside it; and
+   * one read of each lineage index line the check will probe first and, for a
+   * short event, of what the ownership will touch (touchOwned). Read in loops
+   * of reads only, the blocks' lines miss the cache together, where probing
+   * one block after another waits for each in turn. Reads and scratch only:
+   * nothing changes.
    */
   private prepareBlocks(from: number, to: number): void {
+    this.touchLineage(from, to);
+    this.chainBlocks(from, to);
+    this.addressBlocks(from, to);
+    if (this.stepCount <= SHORT_EVENT) this.touchOwned(from, to);
+    this.prepared = to;
+  }
+
+  /**
+   * The block hash mixes of blocks from..to-1, and one read of the lineage
+   * index line each one's check probes first. They do not depend on the
+   * chain, so these misses are under way while the chain is hashed.
+   */
+  private touchLineage(from: number, to: number): void {
     const keys = this.keys;
     const mixes = this.externalMixes;
+    for (let i = from; i < to; i++) mixes[i] = mixU64(keys[i * 4 + 2]!, keys[i * 4 + 3]!);
+    const lineage = this.stepLineage;
+    if (lineage === undefined) return;
+    let touched = 0;
+    for (let i = from; i < to; i++) touched ^= lineage.peek(mixes[i]!);
+    this.touched ^= touched;
+  }
+
+  /**
+   * The canonical hashes of blocks from..to-1 in place of their tokens
+   * hashes. Each hash waits for the one before, so this loop does that alone:
+   * the work that does not feed the chain (addressBlocks) runs apart, as one
+   * independent step per block.
+   */
+  private chainBlocks(from: number, to: number): void {
+    const keys = this.keys;
+    const chain = this.chain;
+    let i = from;
+    // Without a parent, the event's first block's canonical hash is its tokens hash.
+    if (i === 0 && !this.chained) i = 1;
+    let parentHi = i > 0 ? keys[i * 4 - 4]! : this.parentHi;
+    let parentLo = i > 0 ? keys[i * 4 - 3]! : this.parentLo;
+    for (; i < to; i++) {
+      const k = i * 4;
+      chain.hash(asInt32(parentHi), asInt32(parentLo), asInt32(keys[k]!), asInt32(keys[k + 1]!));
+      parentHi = chain.hi;
+      parentLo = chain.lo;
+      keys[k] = parentHi;
+      keys[k + 1] = parentLo;
+    }
+  }
+
+  /** Blocks from..to-1, once chained: each canonical hash's mix (the ownership key hash), fingerprint and bucketA. */
+  private addressBlocks(from: number, to: number): void {
+    const keys = this.keys;
     const ownerMixes = this.canonicalMixes;
     const fingerprints = this.fingerprints;
     const homeBuckets = this.homeBuckets;
-    const chain = this.chain;
     const lane = this.lane;
-    let chained = from > 0 || this.chained;
-    let parentHi = from > 0 ? keys[from * 4 - 4]! : this.parentHi;
-    let parentLo = from > 0 ? keys[from * 4 - 3]! : this.parentLo;
     for (let i = from; i < to; i++) {
-      const k = i * 4;
-      let hi = keys[k]!;
-      let lo = keys[k + 1]!;
-      if (chained) {
-        chain.hash(parentHi, parentLo, hi, lo);
-        hi = chain.hi;
-        lo = chain.lo;
-      }
-      keys[k] = hi;
-      keys[k + 1] = lo;
-      chained = true;
-      parentHi = hi;
-      parentLo = lo;
-      mixes[i] = mixU64(keys[k + 2]!, keys[k + 3]!);
+      const hi = keys[i * 4]!;
+      const lo = keys[i * 4 + 1]!;
       ownerMixes[i] = mixU64(hi, lo);
-      lane.address(hi, lo);
+      lane.address(asInt32(hi), asInt32(lo));
       fingerprints[i] = lane.keyFingerprint;
       homeBuckets[i] = lane.keyBucket;
     }
-    const lineage = this.stepLineage;
-    if (lineage !== undefined) {
-      let touched = 0;
-      for (let i = from; i < to; i++) touched ^= lineage.peek(mixes[i]!);
-      this.touched ^= touched;
-    }
-    if (this.stepCount <= SHORT_EVENT) this.touchOwned(from, to);
-    this.prepared = to;
   }
 
   /**
@@ -704,9 +728,9 @@ export class DcCkfState {
       const externalHi = keys[k + 2]!;
       const externalLo = keys[k + 3]!;
       // A fresh block hash cannot be in the lineage yet: only this event's earlier blocks were added since the check.
-      const mapped = fresh[i] === 0 && lineage.find(externalHi, externalLo, mixes[i]!);
+      const mapped = fresh[i] === 0 && lineage.find(asInt32(externalHi), asInt32(externalLo), mixes[i]!);
       const ownerMix = ownerMixes[i]!;
-      const owned = owners.find(hi, lo, ownerMix);
+      const owned = owners.find(asInt32(hi), asInt32(lo), ownerMix);
       if (mapped && lineage.valueHi === hi && lineage.valueLo === lo) {
         // Re-offer of a known mapping: a cheap retry for a block that once failed admission.
         if (owned && !owners.resident && this.admit(fingerprints[i]!, homeBuckets[i]!, false)) owners.resident = true;

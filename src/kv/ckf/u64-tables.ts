@@ -11,7 +11,7 @@
  * deletion (no tombstones).
  */
 
-/** A 32-bit hash of a u64 (murmur3's finalizer over lo ^ hi * golden ratio). */
+/** A 32-bit hash of a u64 (murmur3's finalizer over lo ^ hi * golden ratio); the halves as u32s or int32s. */
 export function mixU64(hi: number, lo: number): number {
   let h = (lo ^ Math.imul(hi, 0x9e37_79b1)) >>> 0;
   h = Math.imul(h ^ (h >>> 16), 0x85eb_ca6b);
@@ -129,8 +129,14 @@ export class OwnerTable {
     return shard.slots[(hash & shard.mask) * 4 + 3]!;
   }
 
-  /** Positions the cursor at the entry of (hi, lo); false when there is none. `hash` is `mixU64(hi, lo)`. */
-  find(hi: number, lo: number, hash = mixU64(hi, lo)): boolean {
+  /**
+   * Positions the cursor at the entry of (hi, lo); false when there is none.
+   * `hash` is `mixU64(hi, lo)`. The halves may come as u32s or as int32s of
+   * the same bits (see asInt32).
+   */
+  find(hiBits: number, loBits: number, hash = mixU64(hiBits, loBits)): boolean {
+    const hi = hiBits >>> 0;
+    const lo = loBits >>> 0;
     const h = hash;
     const shard = this.shards[h >>> OWNER_SHARD_SHIFT]!;
     const { slots, mask } = shard;
@@ -246,12 +252,18 @@ const MIN_LINEAGE_ENTRIES = 4;
  * deleted one is marked dead and skipped, and the arrays are compacted when
  * they fill up (or become sparse), keeping the order. An index of entry
  * positions (linear probing, backward-shift deletion) finds a key.
+ *
+ * An index word is the entry's position + 1 in its low bits (those of the
+ * index mask: the index has twice as many slots as there are entries, so the
+ * position fits) and the key hash's bits above the mask in the rest, so that
+ * a probe passes over another key's slot without reading its entry: most
+ * lookups of a key that is absent (every new block's) read the index alone.
  */
 export class LineageMap {
   /** Per entry: key hi, key lo, value hi, value lo. */
   private entries: Uint32Array;
   private dead: Uint8Array;
-  /** Entry position + 1 per index slot; 0 is empty. */
+  /** Per index slot: 0 when empty, else entry position + 1 | the key hash's bits above the mask (see the class comment). */
   private index: Int32Array;
   private mask: number;
   /** Entries appended (live and dead). */
@@ -297,20 +309,27 @@ export class LineageMap {
 
   /**
    * Looks (hi, lo) up; when present, its value is left in `valueHi` /
-   * `valueLo`. `hash` is `mixU64(hi, lo)`, for a caller that has it already.
+   * `valueLo` (u32s). `hash` is `mixU64(hi, lo)`, for a caller that has it
+   * already. The halves may come as u32s or as int32s of the same bits (see
+   * asInt32).
    */
-  find(hi: number, lo: number, hash = mixU64(hi, lo)): boolean {
+  find(hiBits: number, loBits: number, hash = mixU64(hiBits, loBits)): boolean {
+    const hi = hiBits >>> 0;
+    const lo = loBits >>> 0;
     const { entries, index, mask } = this;
+    const tag = hash & ~mask;
     let slot = hash & mask;
     for (;;) {
-      const e = index[slot]!;
-      if (e === 0) return false;
-      const p = (e - 1) * 4;
-      if (entries[p + 1] === lo && entries[p] === hi) {
-        this.valueHi = entries[p + 2]!;
-        this.valueLo = entries[p + 3]!;
-        this.slot = slot;
-        return true;
+      const word = index[slot]!;
+      if (word === 0) return false;
+      if ((word & ~mask) === tag) {
+        const p = ((word & mask) - 1) * 4;
+        if (entries[p + 1] === lo && entries[p] === hi) {
+          this.valueHi = entries[p + 2]!;
+          this.valueLo = entries[p + 3]!;
+          this.slot = slot;
+          return true;
+        }
       }
       slot = (slot + 1) & mask;
     }
@@ -319,7 +338,7 @@ export class LineageMap {
   /** Maps (hi, lo) to (valueHi, valueLo): in place when present, as the newest entry otherwise (Map.set). */
   set(hi: number, lo: number, valueHi: number, valueLo: number): void {
     if (this.find(hi, lo)) {
-      const p = (this.index[this.slot]! - 1) * 4;
+      const p = ((this.index[this.slot]! & this.mask) - 1) * 4;
       this.entries[p + 2] = valueHi;
       this.entries[p + 3] = valueLo;
       return;
@@ -346,18 +365,18 @@ export class LineageMap {
   delete(hi: number, lo: number): boolean {
     if (!this.find(hi, lo)) return false;
     const { entries, index, mask } = this;
-    this.dead[index[this.slot]! - 1] = 1;
+    this.dead[(index[this.slot]! & mask) - 1] = 1;
     this.live--;
     let hole = this.slot;
     let at = hole;
     for (;;) {
       at = (at + 1) & mask;
-      const e = index[at]!;
-      if (e === 0) break;
-      const p = (e - 1) * 4;
+      const word = index[at]!;
+      if (word === 0) break;
+      const p = ((word & mask) - 1) * 4;
       const home = mixU64(entries[p]!, entries[p + 1]!) & mask;
       if (((at - home) & mask) >= ((at - hole) & mask)) {
-        index[hole] = e;
+        index[hole] = word;
         hole = at;
       }
     }
@@ -416,9 +435,16 @@ export class LineageMap {
     const { index, mask } = this;
     let slot = hash & mask;
     while (index[slot] !== 0) slot = (slot + 1) & mask;
-    index[slot] = position + 1;
+    index[slot] = (hash & ~mask) | (position + 1);
   }
 }
+
+/**
+ * The slots an EventScratchMap starts with: room for events of up to 32
+ * blocks without growing. Growing is rare enough that optimized code may
+ * not expect it (a state made later then deoptimizes on its first event).
+ */
+const SCRATCH_SLOTS = 64;
 
 /**
  * A map of u64 -> u64 for the span of one event (a Stored event's own
@@ -426,12 +452,12 @@ export class LineageMap {
  * moving to a new generation: the arrays are kept for the next event.
  */
 export class EventScratchMap {
-  private keyHi = new Uint32Array(16);
-  private keyLo = new Uint32Array(16);
-  private valHi = new Uint32Array(16);
-  private valLo = new Uint32Array(16);
-  private stamp = new Int32Array(16);
-  private mask = 15;
+  private keyHi = new Uint32Array(SCRATCH_SLOTS);
+  private keyLo = new Uint32Array(SCRATCH_SLOTS);
+  private valHi = new Uint32Array(SCRATCH_SLOTS);
+  private valLo = new Uint32Array(SCRATCH_SLOTS);
+  private stamp = new Int32Array(SCRATCH_SLOTS);
+  private mask = SCRATCH_SLOTS - 1;
   private generation = 1;
   valueHi = 0;
   valueLo = 0;

@@ -8,6 +8,16 @@ import { CkfError } from "./errors.js";
 /** 2^64 - 1. */
 export const U64_MAX = (1n << 64n) - 1n;
 
+/**
+ * The first value of an object field that holds u32s: a u32 outside V8's
+ * small-integer range, so that the field holds doubles from the start. A
+ * field made with a small integer changes its object's shape when the first
+ * large u32 is stored, and optimized code that relied on the old shape is
+ * thrown away when the next object of the class is made (a second
+ * DcCkfState deoptimized the event path).
+ */
+export const U32_FIELD_INIT = 0xffff_ffff;
+
 /** The golden-ratio increment shared by SplitMix64, the lane seed and the delta seed. */
 export const GOLDEN_GAMMA = 0x9e37_79b9_7f4a_7c15n;
 
@@ -47,6 +57,17 @@ export function hi32(value: bigint): number {
 export function lo32(value: bigint): number {
   SPLIT_U64[0] = value;
   return SPLIT_U32[LO_INDEX]!;
+}
+
+/**
+ * A u32 half as the int32 of the same bits. A u32 of 2^31 or more is no
+ * small integer to V8: passed to a function that is not inlined, it is boxed
+ * as a heap number, an allocation per call. The event path passes its halves
+ * to such calls this way; the functions it calls so read only the bits, or
+ * take `>>> 0` first.
+ */
+export function asInt32(half: number): number {
+  return half | 0;
 }
 
 /** (hi, lo) back to a u64. */

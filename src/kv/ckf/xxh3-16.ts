@@ -14,7 +14,7 @@
  *   acc = 16 + bswap64(lo) + hi + fold64(lo * hi)          (fold64: low ^ high half of the 128-bit product)
  *   acc ^= acc >> 37; acc *= 0x165667919E3779F9; acc ^= acc >> 32
  */
-import { U64_MAX } from "./u64.js";
+import { U32_FIELD_INIT, U64_MAX } from "./u64.js";
 
 /** Bytes 24..55 of XXH3's default secret, as little-endian u64s: the only secret bytes the 9..16 path reads. */
 const SECRET_24 = 0x1f67_b3b7_a4a4_4072n;
@@ -52,8 +52,8 @@ function mulHi32(a: number, b: number): number {
 export class Xxh3Of16 {
   readonly seed: bigint;
   /** Output of the last `hash`: high and low 32 bits. */
-  hi = 0;
-  lo = 0;
+  hi = U32_FIELD_INIT;
+  lo = U32_FIELD_INIT;
   private readonly flip1Hi: number;
   private readonly flip1Lo: number;
   private readonly flip2Hi: number;
@@ -69,7 +69,11 @@ export class Xxh3Of16 {
     this.flip2Lo = Number(flip2 & 0xffff_ffffn);
   }
 
-  /** Hashes le64(a) ‖ le64(b), each given as (hi, lo) u32 halves; the digest lands in `this.hi` / `this.lo`. */
+  /**
+   * Hashes le64(a) ‖ le64(b), each given as (hi, lo) halves (u32s, or int32s
+   * of the same bits: only the bits are read); the digest lands in
+   * `this.hi` / `this.lo` as u32s.
+   */
   hash(aHi: number, aLo: number, bHi: number, bLo: number): void {
     const xHi = (aHi ^ this.flip1Hi) >>> 0;
     const xLo = (aLo ^ this.flip1Lo) >>> 0;

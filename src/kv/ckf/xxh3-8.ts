@@ -15,7 +15,7 @@
  *   h = input64 ^ bitflip
  *   h ^= rotl(h, 49) ^ rotl(h, 24); h *= MX2; h ^= (h >> 35) + 8; h *= MX2; h ^= h >> 28
  */
-import { U64_MAX } from "./u64.js";
+import { U32_FIELD_INIT, U64_MAX } from "./u64.js";
 
 /**
  * Bytes 8..15 and 16..23 of XXH3's default 192-byte secret, as little-endian
@@ -58,8 +58,8 @@ function mulHiMx2Lo(a: number): number {
 export class Xxh3Of8 {
   readonly seed: bigint;
   /** Output of the last `hash`: high and low 32 bits. */
-  hi = 0;
-  lo = 0;
+  hi = U32_FIELD_INIT;
+  lo = U32_FIELD_INIT;
   private readonly bitflipHi: number;
   private readonly bitflipLo: number;
 
@@ -72,7 +72,7 @@ export class Xxh3Of8 {
     this.bitflipLo = Number(bitflip & 0xffff_ffffn);
   }
 
-  /** Hashes the key (keyHi, keyLo); the digest lands in `this.hi` / `this.lo`. */
+  /** Hashes the key (keyHi, keyLo), u32s or int32s of the same bits; the digest lands in `this.hi` / `this.lo` as u32s. */
   hash(keyHi: number, keyLo: number): void {
     // input64 has the key's halves swapped (the first four bytes are the key's low half).
     let hHi = keyLo ^ this.bitflipHi;
