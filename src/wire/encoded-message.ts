@@ -74,3 +74,27 @@ export const requestEncodingKey = createContextKey<Uint8Array | undefined>(undef
 export function requestEncoding(ctx: HandlerContext): Uint8Array | undefined {
   return ctx.values.get(requestEncodingKey);
 }
+
+/** A client stream's request messages that can be read as their encoding (EncodedMessage) instead of parsed. */
+export interface EncodedRequests {
+  /** From the next message on, yield each as EncodedMessage. */
+  readEncoded(): void;
+}
+
+/** Set by the lean gRPC path on a client-streaming call: its request stream (see readsEncodedRequests). */
+export const encodedRequestsKey = createContextKey<EncodedRequests | undefined>(undefined, { description: "mmgate: a client stream whose messages can come as their encoding" });
+
+/**
+ * Asks the handler's call for its request messages as their encoding
+ * (EncodedMessage: a view of what arrived, unparsed), for a handler that
+ * decodes them itself; call it before reading the first. True when they
+ * will come so (a client stream on the lean gRPC path); false when they
+ * come parsed as usual (connect's handler, any other protocol), and the
+ * handler reads them as messages.
+ */
+export function readsEncodedRequests(ctx: HandlerContext): boolean {
+  const requests = ctx.values.get(encodedRequestsKey);
+  if (requests === undefined) return false;
+  requests.readEncoded();
+  return true;
+}

@@ -12,8 +12,11 @@ export {
   checkFrames,
   EncodedFrames,
   EncodedMessage,
+  type EncodedRequests,
+  encodedRequestsKey,
   encodedResponsesKey,
   framedResponsesKey,
+  readsEncodedRequests,
   requestEncoding,
   requestEncodingKey,
 } from "./encoded-message.js";

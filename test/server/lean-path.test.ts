@@ -198,9 +198,13 @@ function leanModule(host: string): ServiceModule {
             }
           },
           async clientStream(reqs: AsyncIterable<StringValue>) {
-            let n = 0;
-            for await (const _ of reqs) n++;
-            return { value: `got ${n}` };
+            // "got N: v1,v2,..." (each value cut to 8 characters); a message "stop" ends the reading there.
+            const values: string[] = [];
+            for await (const req of reqs) {
+              values.push(req.value.slice(0, 8));
+              if (req.value === "stop") break;
+            }
+            return { value: `got ${values.length}: ${values.join(",")}` };
           },
           // A runtime-built descriptor has no typed methods: the implementation is cast, as in lifecycle.test.ts.
         } as never),
@@ -613,7 +617,65 @@ const rows: Row[] = [
     status: Code.Unauthenticated,
     lean: true,
   },
-  { name: "client stream (connect on both)", path: CLIENT_STREAM, body: Buffer.concat([frame("a"), frame("b")]), status: 0, lean: false, check: oneMessage("got 2") },
+  { name: "client stream, two messages", path: CLIENT_STREAM, body: Buffer.concat([frame("a"), frame("b")]), status: 0, lean: true, check: oneMessage("got 2: a,b") },
+  { name: "client stream, empty body (no message)", path: CLIENT_STREAM, body: new Uint8Array(0), status: 0, lean: true, check: oneMessage("got 0: ") },
+  { name: "client stream, no body at all (END_STREAM on the headers)", path: CLIENT_STREAM, headersOnly: true, body: new Uint8Array(0), status: 0, lean: true, check: oneMessage("got 0: ") },
+  {
+    name: "client stream, 300 messages of 1000 bytes (past the stream's flow-control window)",
+    path: CLIENT_STREAM,
+    body: Buffer.concat(Array.from({ length: 300 }, (_, i) => frame(`${String(i).padStart(3, "0")}${"x".repeat(997)}`))),
+    status: 0,
+    lean: true,
+    check: (res) => {
+      const { frames } = parseGrpcFrames(res.data);
+      const value = fromBinary(StringValueSchema, frames[0]!.payload).value;
+      expect(value.startsWith("got 300: 000xxxxx,001xxxxx,")).to.equal(true);
+      expect(value.endsWith(",299xxxxx")).to.equal(true);
+    },
+  },
+  {
+    name: "client stream, the method stops reading after its second message; the rest is left unread",
+    path: CLIENT_STREAM,
+    body: Buffer.concat([frame("a"), frame("stop"), frame("c"), frame("d")]),
+    status: 0,
+    lean: true,
+    check: oneMessage("got 2: a,stop"),
+  },
+  { name: "client stream, bad grpc-timeout", path: CLIENT_STREAM, headers: { "grpc-timeout": "abc" }, body: frame("a"), status: Code.InvalidArgument, lean: true },
+  {
+    name: "client stream, a message then a truncated frame (header says 10 bytes, 3 sent, then end)",
+    path: CLIENT_STREAM,
+    body: Buffer.concat([frame("a"), grpcFrame(Buffer.from("abc"), { declaredLength: 10 })]),
+    status: Code.InvalidArgument,
+    lean: true,
+  },
+  {
+    name: "client stream, a message then the compressed flag without grpc-encoding",
+    path: CLIENT_STREAM,
+    body: Buffer.concat([frame("a"), grpcFrame(encode("b"), { flags: 1 })]),
+    status: Code.Internal,
+    lean: true,
+  },
+  {
+    name: "client stream, a message, one that does not parse, then a third",
+    path: CLIENT_STREAM,
+    body: Buffer.concat([frame("a"), grpcFrame(Buffer.from([0x0a, 0x05, 0x61])), frame("c")]),
+    status: Code.Internal,
+    lean: true,
+  },
+  {
+    name: "client stream, a message then an oversized frame (header claims 1 MiB, client keeps the stream open)",
+    path: CLIENT_STREAM,
+    body: Buffer.concat([frame("a"), grpcFrame(new Uint8Array(0), { declaredLength: MiB }), Buffer.alloc(100)]),
+    endStream: false,
+    timeoutMs: 3000,
+    status: Code.ResourceExhausted,
+    lean: true,
+    check: (res) => {
+      expect(grpcMessageOf(res)).to.equal("message size 1048576 is larger than configured readMaxBytes 1024");
+      expect(res.ended, "the response ended (END_STREAM)").to.equal(true);
+    },
+  },
 ];
 
 /* ---------- The Connect protocol (unary over HTTP/2): the same comparison ---------- */

@@ -26,7 +26,10 @@ export type Impl = (input: unknown, ctx: HandlerContext) => unknown;
 export interface Route {
   readonly method: DescMethod;
   readonly impl: Impl;
+  /** The response is a stream (server streaming). */
   readonly streaming: boolean;
+  /** The request is a stream (client streaming; the response one message). */
+  readonly clientStreaming: boolean;
   /** connect's serializers for the method (binary and JSON), made on the route's first Connect call. */
   connect?: ReturnType<typeof createMethodSerializationLookup>;
 }
@@ -76,6 +79,7 @@ export async function invokeMethod(route: Route, req: UnaryRequest | StreamReque
   if (call === undefined) throw new ConnectError("an interceptor passed on a request it built itself; the lean path cannot serve it", Code.Internal);
   const ctx = call.contextFor(req);
   if (!route.streaming) {
+    // A client stream's handler takes the request stream itself, as a unary one takes its message.
     const output = await route.impl((req as UnaryRequest).message, ctx);
     return call.response(false, req, normalize(route.method.output, output));
   }
@@ -424,6 +428,15 @@ export abstract class LeanCall implements HandlerContext {
   /** The request the interceptors see; its signal and header exist once read. */
   protected request(streaming: boolean, message: unknown): UnaryRequest | StreamRequest {
     const req = new LeanRequest(this, streaming, message);
+    if (this.route.clientStreaming) {
+      // An interceptor that watches what the method reads of a client stream passes on a spread copy with its
+      // own message (the host's call interceptor does): the header, signal and url as own values survive that.
+      Object.defineProperties(req, {
+        header: { value: this.requestHeader, enumerable: true },
+        signal: { value: this.signal, enumerable: true },
+        url: { value: this.url, enumerable: true },
+      });
+    }
     this.originalRequest = req;
     return req as unknown as UnaryRequest | StreamRequest;
   }

@@ -9,6 +9,9 @@ import {
   checkFrames,
   compressedEnvelopeError,
   EncodedFrames,
+  EncodedMessage,
+  type EncodedRequests,
+  encodedRequestsKey,
   ENVELOPE_HEADER_BYTES,
   EnvelopeReader,
   FLAG_COMPRESSED,
@@ -21,7 +24,7 @@ import {
 import { preEncodedEnvelope } from "../pre-encoded.js";
 import type { ObservedCall } from "../rpc-observer.js";
 import { recordStatus } from "../rpc-observer.js";
-import type { CallHost, Route } from "./call.js";
+import type { BodyReader, CallHost, Route } from "./call.js";
 import {
   LeanCall,
   SingleInput,
@@ -34,10 +37,11 @@ import {
   resetStream,
   setAll,
   SettlingBodyReader,
+  stopReading,
 } from "./call.js";
 
 /**
- * The lean path's gRPC protocol: unary and server-streaming calls with
+ * The lean path's gRPC protocol: unary, server-streaming and client-streaming calls with
  * protobuf messages and no request compression, answered as connect's gRPC
  * handler answers them (headers, trailers, status, limits).
  */
@@ -60,7 +64,15 @@ export class GrpcCall extends LeanCall {
     stream.once("close", onStreamClose);
     try {
       const chain = this.path.chainFor(this.route);
-      if (!this.route.streaming) {
+      if (this.route.clientStreaming) {
+        // A bad deadline fails the call before the method runs, as connect's handler does.
+        if (this.timeoutError !== undefined) throw this.timeoutError;
+        const req = this.request(true, this.readStream());
+        const res = (await chain(req)) as UnaryResponse;
+        this.adopt(res, "header");
+        this.adopt(res, "trailer");
+        this.sendMessage(this.serializeBinary(res.message), true);
+      } else if (!this.route.streaming) {
         const req = this.request(false, await this.readInput());
         const res = (await chain(req)) as UnaryResponse;
         this.adopt(res, "header");
@@ -224,6 +236,23 @@ export class GrpcCall extends LeanCall {
   }
 
   /**
+   * A client stream's messages, each parsed when the method takes it (as
+   * its encoding once the method asked: readsEncodedRequests). The body is
+   * split into frames as it arrives, each checked against readMaxBytes from
+   * its header; while frames wait to be taken the stream is paused, so
+   * HTTP/2 flow control holds the client back. A frame that cannot be
+   * taken (over the limit, compressed, cut short at the end, or a message
+   * that does not parse) fails the stream where the method reaches it,
+   * after the messages before it, with connect's errors.
+   */
+  private readStream(): StreamInput {
+    const input = new StreamInput(this.stream, this.method.input, this.path.options.readMaxBytes);
+    this.values.set(encodedRequestsKey, input);
+    this.listenToBody(input);
+    return input;
+  }
+
+  /**
    * Reads the request's one message (see InputReader); a bad deadline
    * fails it first, as connect's handler does.
    */
@@ -232,6 +261,120 @@ export class GrpcCall extends LeanCall {
     const reader = new InputReader(this.stream, this.method.input, this.path.options.readMaxBytes, this.route.streaming ? "server-streaming" : "unary", this.values);
     this.listenToBody(reader);
     return reader.result;
+  }
+}
+
+/**
+ * A client stream's request messages, read as the method asks for them
+ * (see readStream).
+ */
+class StreamInput implements BodyReader, EnvelopeSink, EncodedRequests, AsyncIterable<unknown> {
+  /** Whole messages that arrived and were not taken yet. */
+  private readonly queue: Uint8Array[] = [];
+  private readonly envelopes: EnvelopeReader;
+  /** Why the stream cannot go on, once a frame refused it; thrown after the messages before it. */
+  private failure: ConnectError | undefined;
+  private ended = false;
+  /** The method stopped reading (left its loop): nothing more is taken. */
+  private done = false;
+  private encoded = false;
+  private waiter: (() => void) | undefined;
+
+  constructor(
+    private readonly stream: ServerHttp2Stream,
+    private readonly desc: DescMessage,
+    readMaxBytes: number,
+  ) {
+    this.envelopes = new EnvelopeReader(this, readMaxBytes);
+  }
+
+  readEncoded(): void {
+    this.encoded = true;
+  }
+
+  data(chunk: Buffer): void {
+    if (this.done || this.failure !== undefined) return;
+    this.envelopes.push(chunk);
+    // Flow control holds the client back while the method has messages to take.
+    if (this.queue.length > 0) this.stream.pause();
+    this.wake();
+  }
+
+  end(): void {
+    if (this.envelopes.partial) this.failure ??= incompleteEnvelopeError();
+    this.ended = true;
+    this.wake();
+  }
+
+  abort(): void {
+    if (!this.ended) this.failure ??= new ConnectError("the client closed the stream before sending its request", Code.Canceled);
+    this.ended = true;
+    this.wake();
+  }
+
+  onOversize(error: ConnectError): void {
+    this.failure ??= error;
+  }
+
+  onMessage(flags: number, bytes: Uint8Array): boolean {
+    if ((flags & FLAG_COMPRESSED) !== 0) {
+      this.failure ??= compressedEnvelopeError();
+      return false;
+    }
+    this.queue.push(bytes);
+    return true;
+  }
+
+  private wake(): void {
+    const waiter = this.waiter;
+    this.waiter = undefined;
+    waiter?.();
+  }
+
+  /** The next message, parsed (or as its encoding), once it arrived; undefined at the end. */
+  private async next(): Promise<unknown> {
+    for (;;) {
+      if (this.done) return undefined;
+      const bytes = this.queue.shift();
+      if (bytes !== undefined) {
+        if (this.queue.length === 0 && this.stream.isPaused()) this.stream.resume();
+        // (A view of what Node read, never reused: a handler may keep it.)
+        if (this.encoded) return new EncodedMessage(bytes);
+        try {
+          return parseMessage(this.desc, bytes);
+        } catch (error) {
+          // As connect's stream ends at a message that does not parse: no message after it is read.
+          this.stop();
+          throw error;
+        }
+      }
+      if (this.failure !== undefined) {
+        this.stop();
+        throw this.failure;
+      }
+      if (this.ended) return undefined;
+      await new Promise<void>((resolve) => (this.waiter = resolve));
+    }
+  }
+
+  /** Stops reading: what is left of the body is cut once the answer is out. */
+  private stop(): void {
+    this.done = true;
+    this.queue.length = 0;
+    stopReading(this.stream);
+  }
+
+  [Symbol.asyncIterator](): AsyncIterator<unknown> {
+    return {
+      next: async (): Promise<IteratorResult<unknown>> => {
+        const value = await this.next();
+        return value === undefined ? { done: true, value: undefined } : { done: false, value };
+      },
+      return: (): Promise<IteratorResult<unknown>> => {
+        this.stop();
+        return Promise.resolve({ done: true, value: undefined });
+      },
+    };
   }
 }
 

@@ -10,10 +10,11 @@ import { GrpcCall } from "./grpc.js";
 export type { LeanPathOptions } from "./call.js";
 
 /**
- * The host's lean request path: unary and server-streaming calls over the
- * gRPC protocol with protobuf messages and no request compression, which
- * is nearly every call a gRPC client makes, and unary calls over the
- * Connect protocol (POST, binary or JSON, uncompressed; connect.ts).
+ * The host's lean request path: unary, server-streaming and client-streaming
+ * calls over the gRPC protocol with protobuf messages and no request
+ * compression, which is nearly every call a gRPC client makes, and unary
+ * calls over the Connect protocol (POST, binary or JSON, uncompressed;
+ * connect.ts).
  * It decodes the request, runs the same interceptors and the same
  * `ServiceImpl` method connect would, and encodes the answer straight onto
  * the HTTP/2 stream, without connect's per-call async-iterable pipeline,
@@ -26,9 +27,9 @@ export type { LeanPathOptions } from "./call.js";
  * same headers (content type, x-request-id, date), the same trailers, error
  * codes and messages, size limits, deadline parsing, and the same
  * treatment of an unread request body. Anything else (other protocols,
- * compressed requests, client and bidi streams, Connect streams and GET
- * requests, a response that may be compressed) is left to connect: `serve`
- * returns false.
+ * compressed requests, bidi streams, Connect streams and GET requests, a
+ * response that may be compressed) is left to connect: `serve` returns
+ * false.
  */
 
 /** The lean path's routes and the entry point for an HTTP/2 stream. */
@@ -49,14 +50,19 @@ export class LeanPath implements CallHost {
     else shutdown.addEventListener("abort", onShutdown, { once: true });
   }
 
-  /** Serves the unary and server-streaming methods of `service` that `implementation` defines. */
+  /** Serves the unary, server-streaming and client-streaming methods of `service` that `implementation` defines. */
   addService(service: DescService, implementation: object): void {
     for (const method of service.methods) {
-      if (method.methodKind !== "unary" && method.methodKind !== "server_streaming") continue;
+      if (method.methodKind === "bidi_streaming") continue;
       const fn = (implementation as Record<string, unknown>)[method.localName];
       // An unimplemented method is connect's to answer (UNIMPLEMENTED).
       if (typeof fn !== "function") continue;
-      const route: Route = { method, impl: (fn as Impl).bind(implementation), streaming: method.methodKind === "server_streaming" };
+      const route: Route = {
+        method,
+        impl: (fn as Impl).bind(implementation),
+        streaming: method.methodKind === "server_streaming",
+        clientStreaming: method.methodKind === "client_streaming",
+      };
       this.routes.set(`/${service.typeName}/${method.name}`, route);
     }
   }
@@ -81,7 +87,7 @@ export class LeanPath implements CallHost {
       return true;
     }
     // Connect: unary methods only (a Connect stream has a content type of its own).
-    if (route.streaming) return false;
+    if (route.streaming || route.clientStreaming) return false;
     const binary = connectUnaryFormat(type);
     if (binary === undefined) return false;
     const encoding = headers["content-encoding"];
