@@ -181,8 +181,13 @@ export interface DispatchOptions {
 export interface RoutedService {
   readonly service: DescService;
   readonly implementation: object;
-  /** A receive limit of the service's own (capped by the host's); its calls then all go through connect, which applies it. */
+  /** A receive limit of the service's own (capped by the host's), applied on both request paths. */
   readonly readMaxBytes?: number | undefined;
+}
+
+/** A service's own receive limit as both request paths apply it: at most the host's. */
+function ownReadLimit(service: RoutedService, hostLimit: number): number | undefined {
+  return service.readMaxBytes !== undefined ? Math.min(service.readMaxBytes, hostLimit) : undefined;
 }
 
 /** What `Dispatch.bind` serves. */
@@ -263,7 +268,7 @@ export class Dispatch {
     const interceptors = this.interceptors(table, tracing);
     const registerRoutes = (router: ConnectRouter) => {
       for (const s of table.services) {
-        const limit = s.readMaxBytes !== undefined ? Math.min(s.readMaxBytes, config.limits.maxReceiveMessageBytes) : undefined;
+        const limit = ownReadLimit(s, config.limits.maxReceiveMessageBytes);
         router.service(s.service, s.implementation, limit !== undefined ? { readMaxBytes: limit } : {});
       }
       addReflection(router, table.reflected, signals.drainingSignal);
@@ -431,8 +436,8 @@ export class Dispatch {
       // A client that accepts a compressed answer gets it from connect.
       declineCompressible: compressMinBytes > 0,
     });
-    // A service with a receive limit of its own is left to connect, which applies it.
-    for (const s of services) if (s.readMaxBytes === undefined) leanPath.addService(s.service, s.implementation);
+    // A service's own receive limit applies as connect applies it: at most the host's.
+    for (const s of services) leanPath.addService(s.service, s.implementation, ownReadLimit(s, config.limits.maxReceiveMessageBytes));
     // A browser's call gets its CORS headers from the compatibility layer.
     // A refused authority is answered there too.
     const passOn = (headers: http2.IncomingHttpHeaders) => (routing.cors.enabled && headers["origin"] !== undefined) || !this.hosts.check(headers).ok;

@@ -30,6 +30,8 @@ export interface Route {
   readonly streaming: boolean;
   /** The request is a stream (client streaming; the response one message). */
   readonly clientStreaming: boolean;
+  /** Largest request message: the service's own limit, or the host's (options.readMaxBytes). */
+  readonly readMaxBytes: number;
   /** connect's serializers for the method (binary and JSON), made on the route's first Connect call. */
   connect?: ReturnType<typeof createMethodSerializationLookup>;
 }

@@ -49,7 +49,7 @@ export function connectUnaryFormat(type: string | undefined): boolean | undefine
 /** connect's serializers for the route's method, with its limits and the host's JSON options (as connectNodeAdapter makes them). */
 function serializationOf(route: Route, options: LeanPathOptions): NonNullable<Route["connect"]> {
   return (route.connect ??= createMethodSerializationLookup(route.method, undefined, jsonOptions, {
-    readMaxBytes: options.readMaxBytes,
+    readMaxBytes: route.readMaxBytes,
     writeMaxBytes: options.writeMaxBytes,
   }));
 }
@@ -164,7 +164,7 @@ export class ConnectCall extends LeanCall {
 
   /** Reads the request body (see BodyBytes). */
   private readInput(): Promise<Uint8Array> {
-    const reader = new BodyBytes(this.stream, this.path.options.readMaxBytes, this.headers["content-length"]);
+    const reader = new BodyBytes(this.stream, this.route.readMaxBytes, this.headers["content-length"]);
     if (!reader.settled) this.listenToBody(reader);
     return reader.result;
   }

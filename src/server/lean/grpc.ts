@@ -239,14 +239,15 @@ export class GrpcCall extends LeanCall {
    * A client stream's messages, each parsed when the method takes it (as
    * its encoding once the method asked: readsEncodedRequests). The body is
    * split into frames as it arrives, each checked against readMaxBytes from
-   * its header; while frames wait to be taken the stream is paused, so
-   * HTTP/2 flow control holds the client back. A frame that cannot be
+   * its header; while more than STREAM_READ_AHEAD_BYTES of messages wait to
+   * be taken the stream is paused, so HTTP/2 flow control holds the client
+   * back. A frame that cannot be
    * taken (over the limit, compressed, cut short at the end, or a message
    * that does not parse) fails the stream where the method reaches it,
    * after the messages before it, with connect's errors.
    */
   private readStream(): StreamInput {
-    const input = new StreamInput(this.stream, this.method.input, this.path.options.readMaxBytes);
+    const input = new StreamInput(this.stream, this.method.input, this.route.readMaxBytes);
     this.values.set(encodedRequestsKey, input);
     this.listenToBody(input);
     return input;
@@ -258,19 +259,30 @@ export class GrpcCall extends LeanCall {
    */
   private readInput(): Promise<unknown> {
     if (this.timeoutError !== undefined) return Promise.reject(this.timeoutError);
-    const reader = new InputReader(this.stream, this.method.input, this.path.options.readMaxBytes, this.route.streaming ? "server-streaming" : "unary", this.values);
+    const reader = new InputReader(this.stream, this.method.input, this.route.readMaxBytes, this.route.streaming ? "server-streaming" : "unary", this.values);
     this.listenToBody(reader);
     return reader.result;
   }
 }
 
 /**
+ * How far a client stream is read ahead of its method: whole messages that
+ * arrived and wait to be taken, up to this many bytes, before the stream
+ * is paused (then HTTP/2 flow control holds the client back). Enough that
+ * a client is not stalled for a window update each time the method takes
+ * a message; with a partly arrived message (at most the receive limit) it
+ * bounds what one stream holds.
+ */
+const STREAM_READ_AHEAD_BYTES = 1024 * 1024;
+
+/**
  * A client stream's request messages, read as the method asks for them
  * (see readStream).
  */
 class StreamInput implements BodyReader, EnvelopeSink, EncodedRequests, AsyncIterable<unknown> {
-  /** Whole messages that arrived and were not taken yet. */
+  /** Whole messages that arrived and were not taken yet, and their bytes. */
   private readonly queue: Uint8Array[] = [];
+  private queuedBytes = 0;
   private readonly envelopes: EnvelopeReader;
   /** Why the stream cannot go on, once a frame refused it; thrown after the messages before it. */
   private failure: ConnectError | undefined;
@@ -295,8 +307,8 @@ class StreamInput implements BodyReader, EnvelopeSink, EncodedRequests, AsyncIte
   data(chunk: Buffer): void {
     if (this.done || this.failure !== undefined) return;
     this.envelopes.push(chunk);
-    // Flow control holds the client back while the method has messages to take.
-    if (this.queue.length > 0) this.stream.pause();
+    // Flow control holds the client back while the method has enough to take.
+    if (this.queuedBytes >= STREAM_READ_AHEAD_BYTES) this.stream.pause();
     this.wake();
   }
 
@@ -322,6 +334,7 @@ class StreamInput implements BodyReader, EnvelopeSink, EncodedRequests, AsyncIte
       return false;
     }
     this.queue.push(bytes);
+    this.queuedBytes += bytes.byteLength;
     return true;
   }
 
@@ -337,7 +350,8 @@ class StreamInput implements BodyReader, EnvelopeSink, EncodedRequests, AsyncIte
       if (this.done) return undefined;
       const bytes = this.queue.shift();
       if (bytes !== undefined) {
-        if (this.queue.length === 0 && this.stream.isPaused()) this.stream.resume();
+        this.queuedBytes -= bytes.byteLength;
+        if (this.queuedBytes < STREAM_READ_AHEAD_BYTES / 2 && this.stream.isPaused()) this.stream.resume();
         // (A view of what Node read, never reused: a handler may keep it.)
         if (this.encoded) return new EncodedMessage(bytes);
         try {
@@ -361,6 +375,7 @@ class StreamInput implements BodyReader, EnvelopeSink, EncodedRequests, AsyncIte
   private stop(): void {
     this.done = true;
     this.queue.length = 0;
+    this.queuedBytes = 0;
     stopReading(this.stream);
   }
 

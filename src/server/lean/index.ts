@@ -50,8 +50,12 @@ export class LeanPath implements CallHost {
     else shutdown.addEventListener("abort", onShutdown, { once: true });
   }
 
-  /** Serves the unary, server-streaming and client-streaming methods of `service` that `implementation` defines. */
-  addService(service: DescService, implementation: object): void {
+  /**
+   * Serves the unary, server-streaming and client-streaming methods of
+   * `service` that `implementation` defines; `readMaxBytes`, a receive limit
+   * of the service's own (at most the host's), in place of the host's.
+   */
+  addService(service: DescService, implementation: object, readMaxBytes = this.options.readMaxBytes): void {
     for (const method of service.methods) {
       if (method.methodKind === "bidi_streaming") continue;
       const fn = (implementation as Record<string, unknown>)[method.localName];
@@ -62,6 +66,7 @@ export class LeanPath implements CallHost {
         impl: (fn as Impl).bind(implementation),
         streaming: method.methodKind === "server_streaming",
         clientStreaming: method.methodKind === "client_streaming",
+        readMaxBytes,
       };
       this.routes.set(`/${service.typeName}/${method.name}`, route);
     }
