@@ -14,18 +14,23 @@
  * events in the same order without a pause gives). An event over
  * `maxBlocksPerEvent` is rejected (EventTooLarge) like any refused event.
  * A stream takes its next message only once the previous one is applied:
- * what it holds in flight is one decoded message (at most the listener's
- * receive limit on the wire), and HTTP/2 flow control holds the client back
- * meanwhile.
+ * what it holds in flight is one decoded message, and on the lean gRPC path
+ * at most 1 MiB of undecoded ones read ahead (then HTTP/2 flow control holds
+ * the client back). There the messages come as their bytes and are decoded
+ * here (publish-decode.ts): the pool and the event count from the top-level
+ * fields first, so that a refused message builds nothing, then the events
+ * straight into what the filter state takes.
  */
 import { create } from "@bufbuild/protobuf";
-import type { ServiceImpl } from "@connectrpc/connect";
+import type { HandlerContext, ServiceImpl } from "@connectrpc/connect";
 import type { KvEventService} from "../../../gen/mmgate/kvevents/v1/kvevents_pb.js";
 import { PublishResponseSchema, type PublishRequest, type RouterEvent as WireRouterEvent } from "../../../gen/mmgate/kvevents/v1/kvevents_pb.js";
 import { CkfError, type KvCacheEventData, type RouterEvent, type StorageTier } from "../../kv/index.js";
 import type { WorkSlicer } from "../../util/index.js";
+import { EncodedMessage, readsEncodedRequests } from "../../wire/index.js";
 import type { RelayMetrics } from "./metrics.js";
 import { APPLY_PAUSED, type RelayPool } from "./pool.js";
+import { decodePublishRequest, scanPublishRequest } from "./publish-decode.js";
 import type { Relay } from "./relay.js";
 
 /** Rejections a summary reports one by one; the rest are only counted. */
@@ -96,13 +101,15 @@ export interface MessageOutcome {
 export async function applyWireEvents(
   pool: RelayPool,
   slicer: WorkSlicer,
-  events: readonly WireRouterEvent[],
+  events: readonly (WireRouterEvent | RouterEvent | CkfError)[],
   first: bigint,
   reject: (index: bigint, error: CkfError) => void,
 ): Promise<MessageOutcome> {
   const outcome: MessageOutcome = { applied: 0, rejected: 0 };
   for (let i = 0; i < events.length; i++) {
-    const event = routerEventFromWire(events[i]!);
+    const given = events[i]!;
+    // Decoded from the message's bytes already (publish-decode.ts), or a parsed wire message to convert.
+    const event = given instanceof CkfError || !("$typeName" in given) ? given : routerEventFromWire(given);
     let error: CkfError | undefined;
     if (event instanceof CkfError) {
       error = event;
@@ -137,8 +144,11 @@ export function ingestService(options: IngestServiceOptions): Partial<ServiceImp
   const slicer = relay.slicer;
   let open = 0;
   return {
-    async publish(requests: AsyncIterable<PublishRequest>) {
+    async publish(requests: AsyncIterable<PublishRequest>, ctx: HandlerContext) {
       if (open >= maxIngestStreams) throw new IngestError("StreamLimit", `the relay takes at most ${maxIngestStreams} ingest streams at once`);
+      // Where the call gives its messages as their bytes (the lean gRPC path), they are decoded here, straight into
+      // the events the filter state takes (publish-decode.ts); elsewhere they come parsed.
+      readsEncodedRequests(ctx);
       open += 1;
       let pool: RelayPool | undefined;
       let index = 0n;
@@ -147,7 +157,9 @@ export function ingestService(options: IngestServiceOptions): Partial<ServiceImp
       const rejections: { index: bigint; code: string; message: string }[] = [];
       let deltasAtStart = 0;
       try {
-        for await (const request of requests) {
+        for await (const message of requests as AsyncIterable<PublishRequest | EncodedMessage>) {
+          // The pool and the event count first, from the top-level fields alone: nothing is built for a message refused.
+          const request = message instanceof EncodedMessage ? scanPublishRequest(message.bytes) : { pool: message.pool, events: message.events.length };
           if (pool === undefined) {
             if (request.pool === "") throw new IngestError("MissingPool", "the first message must name the pool");
             pool = relay.pool(request.pool);
@@ -156,22 +168,23 @@ export function ingestService(options: IngestServiceOptions): Partial<ServiceImp
           } else if (request.pool !== "" && request.pool !== pool.name) {
             throw new IngestError("PoolMismatch", `the stream publishes to ${JSON.stringify(pool.name)}, not ${JSON.stringify(request.pool)}`);
           }
-          if (request.events.length > maxEventsPerMessage) {
-            throw new IngestError("TooManyEvents", `a message carries at most ${maxEventsPerMessage} events, not ${request.events.length}`);
+          if (request.events > maxEventsPerMessage) {
+            throw new IngestError("TooManyEvents", `a message carries at most ${maxEventsPerMessage} events, not ${request.events}`);
           }
+          const events = message instanceof EncodedMessage ? decodePublishRequest(message.bytes).events : message.events;
           const target = pool;
           const { applied: messageApplied, rejected: messageRejected } = await slicer.exclusive(async () => {
             // The message's events publish together, however many turns applying them takes.
             const release = target.hold();
             try {
-              return await applyWireEvents(target, slicer, request.events, index, (at, error) => {
+              return await applyWireEvents(target, slicer, events, index, (at, error) => {
                 if (rejections.length < MAX_REPORTED_REJECTIONS) rejections.push({ index: at, code: error.code, message: error.message });
               });
             } finally {
               release();
             }
           });
-          index += BigInt(request.events.length);
+          index += BigInt(events.length);
           applied += BigInt(messageApplied);
           rejected += BigInt(messageRejected);
           if (messageApplied > 0) metrics.ingestEvents.inc({ pool: pool.name, result: "applied" }, messageApplied);
