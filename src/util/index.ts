@@ -3,7 +3,7 @@ export { delay, errorOf, linkSignals, MAX_TIMER_MS, raceAbort, settleWithin, unt
 export { BoundedQueue, type BoundedQueueOptions } from "./bounded-queue.js";
 export { observeStream, type StreamObserver } from "./observe-stream.js";
 export { registeredMetric } from "./metrics.js";
-export { DEFAULT_SLICE_BUDGET, WorkSlicer, type SliceBudget, type SlicerStats } from "./slicer.js";
+export { DEFAULT_SLICE_BUDGET, SLICE_CLOCK_STEPS, WorkSlicer, type SliceBudget, type SlicerStats } from "./slicer.js";
 export { boundedLines, LineTooLongError } from "./lines.js";
 export { backoffDelay, backoffOptions, DEFAULT_BACKOFF, interruptibleWait, type BackoffOptions, type Wait, type WaitEnd } from "./backoff.js";
 export { childPath, DEFAULT_JSON_LIMITS, isJsonObject, JsonError, newJsonObject, parseJson, stringifyJson, type JsonErrorCode, type JsonLimits, type JsonObject, type JsonValue } from "./json.js";
