@@ -70,8 +70,12 @@ export function asInt32(half: number): number {
   return half | 0;
 }
 
-/** (hi, lo) back to a u64. */
-export const joinU64 = (hi: number, lo: number): bigint => (BigInt(hi >>> 0) << 32n) | BigInt(lo >>> 0);
+/** (hi, lo) back to a u64: the halves stored (each taken mod 2^32), the one element read, one BigInt made. */
+export function joinU64(hi: number, lo: number): bigint {
+  SPLIT_U32[HI_INDEX] = hi;
+  SPLIT_U32[LO_INDEX] = lo;
+  return SPLIT_U64[0]!;
+}
 
 /** `value` as 8 little-endian bytes (the byte string every reference hash of a u64 reads). */
 export function leU64(value: bigint): Uint8Array {

@@ -17,7 +17,7 @@
  * end of its enclosing message, a skipped varint over 10 bytes.
  */
 import { Code, ConnectError } from "@connectrpc/connect";
-import { CkfError, type KvCacheEventData, type RouterEvent, type StorageTier, type StoredBlock } from "../../kv/index.js";
+import { CkfError, joinU64, type KvCacheEventData, type RouterEvent, type StorageTier, type StoredBlock } from "../../kv/index.js";
 
 /** A decoded PublishRequest: the pool, and each event as `routerEventFromWire` makes it. */
 export interface DecodedPublishRequest {
@@ -34,12 +34,6 @@ const I32 = 5;
 
 /** protobuf-es's default recursion limit; a group skipped in a message at depth d may nest 100 - d deep. */
 const RECURSION_LIMIT = 100;
-
-// A u64 from its two 32-bit halves in one step: write the halves, read the 64-bit element.
-const U64 = new BigUint64Array(1);
-const U64_HALVES = new Uint32Array(U64.buffer);
-U64[0] = 1n;
-const LITTLE_ENDIAN = U64_HALVES[0] === 1;
 
 /** proto3 strings are validated UTF-8 (fatal); a leading U+FEFF is text, not a byte-order mark. */
 const UTF8 = new TextDecoder("utf-8", { fatal: true, ignoreBOM: true });
@@ -108,11 +102,7 @@ class WireReader {
 
   u64(): bigint {
     const lo = this.varint();
-    const hi = this.hi;
-    if (!LITTLE_ENDIAN) return (BigInt(hi) << 32n) | BigInt(lo);
-    U64_HALVES[0] = lo;
-    U64_HALVES[1] = hi;
-    return U64[0]!;
+    return joinU64(this.hi, lo);
   }
 
   /** A tag: a varint of at most 5 bytes that fits 32 bits, with a field number above 0 and wire type 0-5. */
