@@ -1,6 +1,6 @@
 import type { HandlerContext } from "@connectrpc/connect";
 import { Code, ConnectError, createContextKey } from "@connectrpc/connect";
-import { writeLimitError } from "./envelope.js";
+import { envelopeLengthAt, writeLimitError } from "./envelope.js";
 import { ENVELOPE_HEADER_BYTES } from "./protocol.js";
 
 /**
@@ -40,7 +40,7 @@ export function checkFrames(frames: EncodedFrames, writeMaxBytes: number): void 
   let at = 0;
   let count = 0;
   while (at + ENVELOPE_HEADER_BYTES <= bytes.length) {
-    const length = bytes[at + 1]! * 0x1000000 + ((bytes[at + 2]! << 16) | (bytes[at + 3]! << 8) | bytes[at + 4]!);
+    const length = envelopeLengthAt(bytes, at);
     if (length > writeMaxBytes) throw writeLimitError(length, writeMaxBytes);
     at += ENVELOPE_HEADER_BYTES + length;
     count += 1;

@@ -91,7 +91,7 @@ export class EnvelopeReader {
         const headerInChunk = this.headerFilled === 0 && chunk.length - at >= ENVELOPE_HEADER_BYTES;
         if (headerInChunk) {
           this.flags = chunk[at]!;
-          length = lengthAt(chunk, at + 1);
+          length = envelopeLengthAt(chunk, at);
           at += ENVELOPE_HEADER_BYTES;
         } else {
           const header = (this.header ??= new Uint8Array(ENVELOPE_HEADER_BYTES));
@@ -102,7 +102,7 @@ export class EnvelopeReader {
           if (this.headerFilled < ENVELOPE_HEADER_BYTES) return;
           this.headerFilled = 0;
           this.flags = header[0]!;
-          length = lengthAt(header, 1);
+          length = envelopeLengthAt(header, 0);
         }
         if (length > this.readMaxBytes) {
           this.stopped = true;
@@ -135,9 +135,9 @@ export class EnvelopeReader {
   }
 }
 
-/** The big-endian u32 at `at`. */
-function lengthAt(bytes: Uint8Array, at: number): number {
-  return bytes[at]! * 0x1000000 + ((bytes[at + 1]! << 16) | (bytes[at + 2]! << 8) | bytes[at + 3]!);
+/** The message length an envelope header starting at `at` gives (its big-endian u32 after the flags byte). */
+export function envelopeLengthAt(bytes: Uint8Array, at: number): number {
+  return bytes[at + 1]! * 0x1000000 + ((bytes[at + 2]! << 16) | (bytes[at + 3]! << 8) | bytes[at + 4]!);
 }
 
 /** An envelope's header for a message of `length` bytes, flags 0. */
