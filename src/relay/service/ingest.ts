@@ -92,24 +92,23 @@ export interface MessageOutcome {
 }
 
 /**
- * Applies one message's events to `pool`, in order, yielding the loop
- * whenever the slicer's slice is spent; reports each rejection with its
- * position in the stream (`first` is the position of the message's first
- * event). Run it as one task of `slicer.exclusive`, so that no other event
- * work interleaves with it.
+ * Applies one message's events (each as routerEventFromWire or the
+ * Publish decoder gives it: an event, or the error that refuses it) to
+ * `pool`, in order, yielding the loop whenever the slicer's slice is spent;
+ * reports each rejection with its position in the stream (`first` is the
+ * position of the message's first event). Run it as one task of
+ * `slicer.exclusive`, so that no other event work interleaves with it.
  */
-export async function applyWireEvents(
+export async function applyEvents(
   pool: RelayPool,
   slicer: WorkSlicer,
-  events: readonly (WireRouterEvent | RouterEvent | CkfError)[],
+  events: readonly (RouterEvent | CkfError)[],
   first: bigint,
   reject: (index: bigint, error: CkfError) => void,
 ): Promise<MessageOutcome> {
   const outcome: MessageOutcome = { applied: 0, rejected: 0 };
   for (let i = 0; i < events.length; i++) {
-    const given = events[i]!;
-    // Decoded from the message's bytes already (publish-decode.ts), or a parsed wire message to convert.
-    const event = given instanceof CkfError || !("$typeName" in given) ? given : routerEventFromWire(given);
+    const event = events[i]!;
     let error: CkfError | undefined;
     if (event instanceof CkfError) {
       error = event;
@@ -171,13 +170,13 @@ export function ingestService(options: IngestServiceOptions): Partial<ServiceImp
           if (request.events > maxEventsPerMessage) {
             throw new IngestError("TooManyEvents", `a message carries at most ${maxEventsPerMessage} events, not ${request.events}`);
           }
-          const events = message instanceof EncodedMessage ? decodePublishRequest(message.bytes).events : message.events;
+          const events = message instanceof EncodedMessage ? decodePublishRequest(message.bytes).events : message.events.map(routerEventFromWire);
           const target = pool;
           const { applied: messageApplied, rejected: messageRejected } = await slicer.exclusive(async () => {
             // The message's events publish together, however many turns applying them takes.
             const release = target.hold();
             try {
-              return await applyWireEvents(target, slicer, events, index, (at, error) => {
+              return await applyEvents(target, slicer, events, index, (at, error) => {
                 if (rejections.length < MAX_REPORTED_REJECTIONS) rejections.push({ index: at, code: error.code, message: error.message });
               });
             } finally {
