@@ -264,9 +264,8 @@ export function createLeanGrpcTransport(options: LeanTransportOptions): Transpor
   }, interceptors);
   const streamCall = intercepted<StreamFn>(async (req) => {
     const only = normalized(req.method.input, await single(req.message));
-    const exchange = await Exchange.open(options, req.method, nodeHeaders(req.header), req.signal, only, undefined, req.contextValues.get(framedResponsesKey));
-    const encoded = req.contextValues.get(encodedResponsesKey);
-    return { stream: true, service: req.service, method: req.method, header: exchange.header, trailer: exchange.trailer, message: exchange.messages(encoded) } as never;
+    const exchange = await Exchange.open(options, req.method, nodeHeaders(req.header), req.signal, only, undefined, responseForm(req.contextValues));
+    return { stream: true, service: req.service, method: req.method, header: exchange.header, trailer: exchange.trailer, message: exchange.messages() } as never;
   }, interceptors);
   const direct = options.direct;
   /** A direct call's start: its headers, its report of the end, its cancellation. */
@@ -333,9 +332,8 @@ export function createLeanGrpcTransport(options: LeanTransportOptions): Transpor
         try {
           call.check();
           const only = normalized(method.input, await single(input));
-          const exchange = await Exchange.open(options, method, headers, undefined, only, call, contextValues?.get(framedResponsesKey) ?? false);
-          const encoded = contextValues?.get(encodedResponsesKey) ?? false;
-          return new DirectCallResponse(true, method, call.messages(exchange.messages(encoded)), exchange) as never;
+          const exchange = await Exchange.open(options, method, headers, undefined, only, call, responseForm(contextValues));
+          return new DirectCallResponse(true, method, call.messages(exchange.messages()), exchange) as never;
         } catch (error) {
           throw call.fail(error);
         }
@@ -417,6 +415,18 @@ function isGrpcProto(contentType: string | string[] | undefined): boolean {
   return contentType === "application/grpc" || contentType === "application/grpc+proto";
 }
 
+/**
+ * How a server stream's messages are read: parsed, each as its bytes
+ * (encodedResponsesKey), or as runs of whole frames (framedResponsesKey,
+ * which wins when a caller sets both).
+ */
+type ResponseForm = "parsed" | "encoded" | "framed";
+
+function responseForm(values: ContextValues | undefined): ResponseForm {
+  if (values === undefined) return "parsed";
+  return values.get(framedResponsesKey) ? "framed" : values.get(encodedResponsesKey) ? "encoded" : "parsed";
+}
+
 /** A frame flagged compressed, decompressed when it is read. */
 class Compressed {
   constructor(readonly bytes: Uint8Array) {}
@@ -491,8 +501,8 @@ class Exchange implements EnvelopeSink {
     private readonly options: LeanTransportOptions,
     private readonly output: DescMessage,
     private readonly unary: boolean,
-    /** Messages are read as EncodedFrames (framedResponsesKey): runs of whole frames as they arrived. */
-    private readonly framed: boolean,
+    /** How a server stream's messages are read (responseForm). */
+    private readonly form: ResponseForm,
   ) {
     this.envelopes = new EnvelopeReader(this, options.readMaxBytes);
   }
@@ -501,8 +511,8 @@ class Exchange implements EnvelopeSink {
    * Opens the call's stream with `requestHeaders` (node form) and sends
    * `message`. Cancelled by `signal` (the interceptor
    * path: the call's signal) or by `owner` (a direct call, which is given
-   * the exchange before the response headers are awaited). `framed`: its
-   * messages are read as EncodedFrames.
+   * the exchange before the response headers are awaited). `form`: how
+   * its messages are read.
    */
   static async open(
     options: LeanTransportOptions,
@@ -511,7 +521,7 @@ class Exchange implements EnvelopeSink {
     signal: AbortSignal | undefined,
     message: unknown,
     owner?: DirectCall,
-    framed = false,
+    form: ResponseForm = "parsed",
   ): Promise<Exchange> {
     // A big top-level bytes field goes out from the caller's buffer, not copied (message-chunks.ts).
     // A relayed request goes as the bytes it arrived in (a message of the same wire shape).
@@ -520,7 +530,7 @@ class Exchange implements EnvelopeSink {
     if (length > options.writeMaxBytes) throw writeLimitError(length, options.writeMaxBytes);
     signal?.throwIfAborted();
     const stream = await options.session.request("POST", `/${method.parent.typeName}/${method.name}`, requestHeaders, {});
-    const exchange = new Exchange(stream, options, method.output, method.methodKind === "unary", framed);
+    const exchange = new Exchange(stream, options, method.output, method.methodKind === "unary", form);
     if (signal !== undefined) {
       const onAbort = () => {
         // connect aborts the call's signal once the caller has its answer, too: nothing to cancel then.
@@ -612,7 +622,7 @@ class Exchange implements EnvelopeSink {
         return false;
       }
       this.queue.push(new Compressed(bytes));
-    } else if (this.framed && flags === 0 && inPlace) {
+    } else if (this.form === "framed" && flags === 0 && inPlace) {
       // Right after the frame before it in the same buffer: one run, written on with one write.
       const start = bytes.byteOffset - ENVELOPE_HEADER_BYTES;
       const end = bytes.byteOffset + bytes.byteLength;
@@ -718,17 +728,17 @@ class Exchange implements EnvelopeSink {
   }
 
   /**
-   * A server stream's messages, parsed as they are read, or (`encoded`) as
-   * their bytes; in a framed exchange, as EncodedFrames (a frame that came
-   * apart across reads, or compressed, framed again on its own).
+   * A server stream's messages in the exchange's form: parsed as they are
+   * read, as their bytes (EncodedMessage), or as EncodedFrames (a frame
+   * that came apart across reads, or compressed, framed again on its own).
    */
-  messages(encoded: boolean): AsyncIterable<unknown> {
-    const framed = this.framed;
+  messages(): AsyncIterable<unknown> {
+    const form = this.form;
     const result = (entry: Uint8Array | FrameRun | undefined): IteratorResult<unknown> => {
       if (entry === undefined) return { done: true, value: undefined };
       if (entry instanceof FrameRun) return { done: false, value: new EncodedFrames(new Uint8Array(entry.buffer, entry.start, entry.end - entry.start), entry.count) };
-      if (framed) return { done: false, value: new EncodedFrames(encodeEnvelope(entry), 1) };
-      return { done: false, value: encoded ? new EncodedMessage(entry) : this.parse(entry) };
+      if (form === "framed") return { done: false, value: new EncodedFrames(encodeEnvelope(entry), 1) };
+      return { done: false, value: form === "encoded" ? new EncodedMessage(entry) : this.parse(entry) };
     };
     return {
       [Symbol.asyncIterator]: () => ({
