@@ -418,9 +418,9 @@ export function createHop(ctx: ModuleContext<EncodeHopConfig>, seams: HopSeams) 
    * transport reads them so (the lean client), the frames are relayed as
    * they arrived, a run of them with one write, none parsed, serialized or
    * framed again: the two GenerateResponse messages have the same wire
-   * shape. Otherwise they come parsed, and are
-   * copied into the hop's message type. The transport is called directly,
-   * without a promise client's per-message generator.
+   * shape. Otherwise they come parsed, and are copied into the hop's
+   * message type. The transport is called directly, without a promise
+   * client's per-message generator.
    */
   const downstreamOutput = async (
     request: PreprocessedRequest,

@@ -41,9 +41,10 @@ import {
 } from "./call.js";
 
 /**
- * The lean path's gRPC protocol: unary, server-streaming and client-streaming calls with
- * protobuf messages and no request compression, answered as connect's gRPC
- * handler answers them (headers, trailers, status, limits).
+ * The lean path's gRPC protocol: unary, server-streaming and
+ * client-streaming calls with protobuf messages and no request compression,
+ * answered as connect's gRPC handler answers them (headers, trailers,
+ * status, limits).
  */
 
 /** One gRPC call on the lean path; also the HandlerContext its handler gets. */
@@ -241,10 +242,10 @@ export class GrpcCall extends LeanCall {
    * split into frames as it arrives, each checked against readMaxBytes from
    * its header; while more than STREAM_READ_AHEAD_BYTES of messages wait to
    * be taken the stream is paused, so HTTP/2 flow control holds the client
-   * back. A frame that cannot be
-   * taken (over the limit, compressed, cut short at the end, or a message
-   * that does not parse) fails the stream where the method reaches it,
-   * after the messages before it, with connect's errors.
+   * back. A frame that cannot be taken (over the limit, compressed, cut
+   * short at the end, or a message that does not parse) fails the stream
+   * where the method reaches it, after the messages before it, with
+   * connect's errors.
    */
   private readStream(): StreamInput {
     const input = new StreamInput(this.stream, this.method.input, this.route.readMaxBytes);
