@@ -30,9 +30,8 @@
  * 2. Delta fan-out: BENCH_SUBSCRIBERS subscribers (one HTTP/2 connection
  *    each, as remote routers would have) bootstrapped on a small pool
  *    (expectedBlocks 4096, one chunk), publication threshold 1, while one
- *    publisher streams events through Publish (connect-node, gRPC): a Stored
- *    event of one new block, then a Removed event of that block, and so on,
- *    so that every event changes one bucket (one delta each) and the pool
+ *    publisher streams events through Publish: a Stored event of one new
+ *    block, then a Removed event of that block, and so on, so that every event changes one bucket (one delta each) and the pool
  *    stays small however long the run. The publisher closes the loop on
  *    deliveries: it keeps at most N events not yet received by every
  *    subscriber, then waits for the rest. Two passes: N = BENCH_IN_FLIGHT
@@ -46,8 +45,14 @@
  *    process: performance.now() at both ends, not FilterUpdate.send_ts_us,
  *    which is the relay's wall clock in whole milliseconds. Every
  *    subscriber checks its deltas are contiguous; the relay must report one
- *    delta per event. Contenders: the relay to grpc-js subscribers (the
- *    headline), the relay to raw subscribers, and the peer: a bare
+ *    delta per event. The publisher is the same for every contender: a raw
+ *    node:http2 client stream that encodes each PublishRequest as its event
+ *    comes. It shares the process with the subscribers, so it sets how many
+ *    events reach the server in one read, and with that how many deltas the
+ *    server writes in one go; with connect's client publishing to the relay
+ *    and the raw one to the bare server, the ratio measured the two
+ *    clients' pacing as much as the servers (0.27x against 0.45-0.89x).
+ *    Contenders: the relay to grpc-js subscribers (the headline), the relay to raw subscribers, and the peer: a bare
  *    node:http2 server that, for each message of a raw client stream
  *    carrying the same PublishRequest bytes, writes one delta message
  *    captured from the relay (same bytes) to every open stream, the same
@@ -736,21 +741,16 @@ async function fanoutSection(): Promise<string> {
     return { ms, events, frames: latencies.length, p50: percentile(sorted, 0.5), p99: percentile(sorted, 0.99), serverCpuUs, clientCpuUs: c1 - c0 };
   }
 
-  /** The relay's publisher: one connect Publish stream; returns the deltas the relay reports for it. */
-  const relayPublish = async (next: () => Promise<WireRouterEvent | undefined>): Promise<number> => {
-    const response = await ingest.publish(
-      (async function* () {
-        yield create(PublishRequestSchema, { pool: "fan" });
-        for (let event = await next(); event !== undefined; event = await next()) yield create(PublishRequestSchema, { events: [event] });
-      })(),
-    );
-    if (response.rejected !== 0n) throw new Error(`fan-out: ${response.rejected} events rejected: ${response.rejections[0]?.message}`);
-    return Number(response.deltasPublished);
-  };
-
-  /** The peer's publisher: the same PublishRequest messages on a raw client stream. */
-  const rawPublish = (session: http2.ClientHttp2Session) => async (next: () => Promise<WireRouterEvent | undefined>): Promise<number> => {
-    const call = rawCall(session, RAW_PUBLISH_PATH, undefined, () => undefined);
+  /**
+   * The publisher, the same for every contender: the PublishRequest messages of `next`, each encoded and written to a
+   * raw client stream as it comes, at `path` of `session` (the relay's Publish, or the bare server's). The publisher
+   * shares its process with the subscribers and sets how many events reach the server in one read; a different
+   * client for each server would measure the clients' pacing as much as the servers. Returns the deltas the relay
+   * reports for the stream, or, for the bare server, the events written (one delta each).
+   */
+  const streamPublish = (session: http2.ClientHttp2Session, path: string) => async (next: () => Promise<WireRouterEvent | undefined>): Promise<number> => {
+    let response: PublishResponse | undefined;
+    const call = rawCall(session, path, undefined, (message) => (response = fromBinary(PublishResponseSchema, message)));
     call.stream.write(frame(toBinary(PublishRequestSchema, create(PublishRequestSchema, { pool: "fan" }))));
     let n = 0;
     for (let event = await next(); event !== undefined; event = await next()) {
@@ -759,8 +759,11 @@ async function fanoutSection(): Promise<string> {
     }
     call.stream.end();
     const status = await call.ended;
-    if (status !== "0") throw new Error(`raw publish: grpc-status ${status}`);
-    return n;
+    if (status !== "0") throw new Error(`publish to ${path}: grpc-status ${status}`);
+    if (path === RAW_PUBLISH_PATH) return n;
+    if (response === undefined) throw new Error("fan-out: the relay ended Publish without a PublishResponse");
+    if (response.rejected !== 0n) throw new Error(`fan-out: ${response.rejected} events rejected: ${response.rejections[0]?.message}`);
+    return Number(response.deltasPublished);
   };
 
   const openGrpcJs = async (deliver: (e: number) => void, fail: (error: Error) => void): Promise<Subscribers> => {
@@ -895,6 +898,9 @@ async function fanoutSection(): Promise<string> {
     };
 
   const fanRawSession = await rawSession(raw.address);
+  const fanRelaySession = await rawSession(relay.address);
+  const relayPublish = streamPublish(fanRelaySession, `/${KvEventService.typeName}/Publish`);
+  const barePublish = streamPublish(fanRawSession, RAW_PUBLISH_PATH);
   // One round of relay -> raw subscribers first, untimed: its deltas, as the relay sent them, are the peer's frames.
   await fanRound(relay, openRaw(relay.address, SUBSCRIBE_PATH, frame(fanRequest.bytes), fanChunks, true), relayPublish, IN_FLIGHT, FANOUT_MS);
   {
@@ -908,13 +914,14 @@ async function fanoutSection(): Promise<string> {
   const names = ["relay -> grpc-js", "raw -> grpc-js (peer)", "relay -> raw clients", "raw -> raw clients"];
   const contenders = (inFlight: number, ms: number, warmupMs: number) => [
     (warmup: boolean) => fanRound(relay, openGrpcJs, relayPublish, inFlight, warmup ? warmupMs : ms),
-    (warmup: boolean) => fanRound(raw, openGrpcJsRaw, rawPublish(fanRawSession), inFlight, warmup ? warmupMs : ms),
+    (warmup: boolean) => fanRound(raw, openGrpcJsRaw, barePublish, inFlight, warmup ? warmupMs : ms),
     (warmup: boolean) => fanRound(relay, openRaw(relay.address, SUBSCRIBE_PATH, frame(fanRequest.bytes), fanChunks, false), relayPublish, inFlight, warmup ? warmupMs : ms),
-    (warmup: boolean) => fanRound(raw, openRaw(raw.address, RAW_SUBSCRIBE_PATH, undefined, 0, false), rawPublish(fanRawSession), inFlight, warmup ? warmupMs : ms),
+    (warmup: boolean) => fanRound(raw, openRaw(raw.address, RAW_SUBSCRIBE_PATH, undefined, 0, false), barePublish, inFlight, warmup ? warmupMs : ms),
   ];
   const loaded = await interleaveMeasured(contenders(IN_FLIGHT, FANOUT_MS, FANOUT_WARMUP_MS), ROUNDS);
   const light = await interleaveMeasured(contenders(1, LATENCY_MS, LATENCY_MS), ROUNDS);
   fanRawSession.close();
+  fanRelaySession.close();
 
   const fps = (rs: FanResult[]) => rs.map((r) => r.frames / (r.ms / 1000));
   const p50 = (rs: FanResult[]) => rs.map((r) => r.p50);
