@@ -31,8 +31,9 @@
  *    each, as remote routers would have) bootstrapped on a small pool
  *    (expectedBlocks 4096, one chunk), publication threshold 1, while one
  *    publisher streams events through Publish: a Stored event of one new
- *    block, then a Removed event of that block, and so on, so that every event changes one bucket (one delta each) and the pool
- *    stays small however long the run. The publisher closes the loop on
+ *    block, then a Removed event of that block, and so on, so that every
+ *    event changes one bucket (one delta each) and the pool stays small
+ *    however long the run. The publisher closes the loop on
  *    deliveries: it keeps at most N events not yet received by every
  *    subscriber, then waits for the rest. Two passes: N = BENCH_IN_FLIGHT
  *    (16, the default publication queue capacity, so no subscriber can
