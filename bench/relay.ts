@@ -33,42 +33,44 @@
  *    publisher streams events through Publish: a Stored event of one new
  *    block, then a Removed event of that block, and so on, so that every
  *    event changes one bucket (one delta each) and the pool stays small
- *    however long the run. The publisher closes the loop on
- *    deliveries: it keeps at most N events not yet received by every
- *    subscriber, then waits for the rest. Two passes: N = BENCH_IN_FLIGHT
- *    (16, the default publication queue capacity, so no subscriber can
- *    lag) for BENCH_FANOUT_MS, the throughput; and N = 1 for
- *    BENCH_LATENCY_MS, the path's own latency (with 16 in flight the
- *    latency is mostly queueing: 16 / the delta rate). Figures: delta frames
- *    delivered per second over all subscribers, and the latency of each
- *    delivery from the publisher's own clock (the moment the event is handed
- *    to the Publish stream) to the subscriber's 'data' callback in the same
- *    process: performance.now() at both ends, not FilterUpdate.send_ts_us,
- *    which is the relay's wall clock in whole milliseconds. Every
- *    subscriber checks its deltas are contiguous; the relay must report one
- *    delta per event. The publisher is the same for every contender: a raw
- *    node:http2 client stream that encodes each PublishRequest as its event
- *    comes. It shares the process with the subscribers, so it sets how many
- *    events reach the server in one read, and with that how many deltas the
- *    server writes in one go; with connect's client publishing to the relay
- *    and the raw one to the bare server, the ratio measured the two
- *    clients' pacing as much as the servers (0.27x against 0.45-0.89x).
- *    Contenders: the relay to grpc-js subscribers (the headline), the relay to raw subscribers, and the peer: a bare
- *    node:http2 server that, for each message of a raw client stream
- *    carrying the same PublishRequest bytes, writes one delta message
- *    captured from the relay (same bytes) to every open stream, the same
- *    buffer to each, to raw subscribers and to grpc-js ones. The headline
- *    is against that peer writing to BENCH_SUBSCRIBERS grpc-js subscribers (a generic grpc-js call on its fan-out stream,
- *    decoded as FilterUpdates): the relay's CPU per delivered frame against
- *    the bare server's, round by round (target: the relay at >= 0.5x of the
- *    bare server's frames per CPU-second). Next to the rates, the server
+ *    however long the run. The publisher closes the loop on deliveries: it
+ *    keeps at most N events not yet received by every subscriber, then
+ *    waits for the rest. Two passes: N = BENCH_IN_FLIGHT (16, the default
+ *    publication queue capacity, so no subscriber can lag) for
+ *    BENCH_FANOUT_MS, the throughput; and N = 1 for BENCH_LATENCY_MS, the
+ *    path's own latency (with 16 in flight the latency is mostly queueing:
+ *    16 / the delta rate). Figures: delta frames delivered per second over
+ *    all subscribers, and the latency of each delivery from the publisher's
+ *    own clock (the moment the event is handed to the Publish stream) to
+ *    the subscriber's 'data' callback in the same process:
+ *    performance.now() at both ends, not FilterUpdate.send_ts_us, which is
+ *    the relay's wall clock in whole milliseconds. Every subscriber checks
+ *    its deltas are contiguous; the relay must report one delta per event.
+ *    The publisher is the same for every contender: a raw node:http2 client
+ *    stream that encodes each PublishRequest as its event comes. It shares
+ *    the process with the subscribers, so it sets how many events reach the
+ *    server in one read, and with that how many deltas the server writes in
+ *    one go; with connect's client publishing to the relay and the raw one
+ *    to the bare server, the ratio measured the two clients' pacing as much
+ *    as the servers (0.27x against 0.45-1.03x). Contenders: the relay to
+ *    grpc-js subscribers (the headline), the relay to raw subscribers, and
+ *    the peer: a bare node:http2 server that, for each message of a raw
+ *    client stream carrying the same PublishRequest bytes, writes one delta
+ *    message captured from the relay (same bytes) to every open stream, the
+ *    same buffer to each, to raw subscribers and to grpc-js ones. The
+ *    headline is against that peer writing to BENCH_SUBSCRIBERS grpc-js
+ *    subscribers (a generic grpc-js call on its fan-out stream, decoded as
+ *    FilterUpdates): the relay's CPU per delivered frame against the bare
+ *    server's, round by round (target: the relay at >= 0.5x of the bare
+ *    server's frames per CPU-second). Next to the rates, the server
  *    process's CPU per delivered frame (the per-frame cost), and the client
  *    process's. The warm-up round of the first pass publishes for
  *    BENCH_FANOUT_WARMUP_MS: the relay's per-delta code (ingest, apply,
  *    encode, fan-out) runs a few hundred times a second, and V8 was still
  *    compiling it a few rounds into a 1 s warm-up, on threads whose CPU
- *    counts as the server's (a fifth of the relay's CPU in a perf profile of
- *    1 s rounds), which a bare server, with next to no code, does not pay.
+ *    counts as the server's (a fifth of the relay's CPU in a perf profile
+ *    of 1 s rounds), which a bare server, with next to no code, does not
+ *    pay.
  * 3. Ingest to publication: BENCH_INGEST_EVENTS Stored events of 4 new
  *    blocks (8 workers) through one Publish stream in messages of 256, into
  *    a fresh pool per round (threshold 16, the default) whose hub is open
