@@ -137,6 +137,22 @@ describe("images: idempotency keys shared over NATS JetStream", function () {
 
   const logged = (r: Replica, text: string) => r.logs.some((line) => line.includes(text));
 
+  it("replicas that start together on a new bucket all share it: one that loses the race to create it binds to it", async () => {
+    // Each store creates the bucket when it finds none. Started at once, the losers used to be refused by
+    // JetStream now and then ("subjects overlap with an existing stream") and kept their keys to themselves
+    // until their next attempt. Many rounds of many replicas make the race likely.
+    for (let round = 0; round < 20; round++) {
+      bucketCount += 1;
+      bucket = `idem_${process.pid}_${bucketCount}`;
+      const started = Array.from({ length: 16 }, () => replica());
+      const settled = (r: Replica) => logged(r, "idempotency store connected") || logged(r, "unreachable");
+      await eventually(() => expect(started.filter((r) => !settled(r)).length).to.equal(0));
+      const degraded = started.flatMap((r) => r.logs.filter((line) => line.includes("unreachable")));
+      expect(degraded, `round ${round}`).to.deep.equal([]);
+      await Promise.all(replicas.splice(0).map((r) => r.store.close()));
+    }
+  });
+
   it("runs a key once across replicas: another replica joins it, then replays it; the owner's replica joins in memory", async () => {
     const [a, b] = [replica(), replica()];
     const work = new Work();

@@ -290,7 +290,16 @@ export class NatsBucket {
       timeout: this.config.requestTimeoutMs,
       allow_direct: false,
     };
-    const kv = await nc.jetstream({ timeout: this.config.requestTimeoutMs }).views.kv(this.config.bucket, options);
+    const js = nc.jetstream({ timeout: this.config.requestTimeoutMs });
+    let kv: KV;
+    try {
+      kv = await js.views.kv(this.config.bucket, options);
+    } catch (error) {
+      // Replicas that start together on a new bucket race to create it: the one that loses is refused, and
+      // binds to the bucket the other made, rather than degrading until its next attempt.
+      if (!createdMeanwhile(error)) throw error;
+      kv = await js.views.kv(this.config.bucket, options);
+    }
     // An existing bucket keeps its own limits: values must fit them too.
     const status = await kv.status();
     const limits = [this.config.maxValueBytes, nc.info?.max_payload ?? this.config.maxValueBytes];
@@ -354,4 +363,16 @@ export class NatsBucket {
       },
     };
   }
+}
+
+/**
+ * JetStream's answers to creating a stream that another client created
+ * between this one's lookup and its create: "stream name already in use"
+ * (10058) and "subjects overlap with an existing stream" (10065).
+ */
+const CREATED_MEANWHILE_CODES: ReadonlySet<number> = new Set([10058, 10065]);
+
+function createdMeanwhile(error: unknown): boolean {
+  const code = (error as { api_error?: { err_code?: unknown } } | undefined)?.api_error?.err_code;
+  return typeof code === "number" && CREATED_MEANWHILE_CODES.has(code);
 }
