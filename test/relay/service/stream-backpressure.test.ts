@@ -150,8 +150,10 @@ describe("relay pool streams and the transport's backlog", function () {
     const calls = [stalled(a, SUBSCRIBE, subscribeBody(server, "s0")), stalled(a, SUBSCRIBE_DECODED, decodedBody(server, "s1", false))];
     const b = await connect();
     await eventually(async () => expect(await firstData(b, SUBSCRIBE, subscribeBody(server!, "other"))).to.deep.include({ admitted: true }), { timeoutMs: 10_000 });
-    for (const call of calls) {
-      const end = await call.read();
+    // Both read at once: the two streams share the connection's 64 KiB window, and a stream left paused while the
+    // other is read would keep the window filled with its own unread data, and the other's end would never arrive.
+    const ends = await Promise.all(calls.map((call) => call.read()));
+    for (const end of ends) {
       expect({ code: end.code, reason: end.reason }).to.deep.equal({ code: "8", reason: "RELAY_ERROR_REASON_SNAPSHOT_PROGRESS_TIMEOUT" });
     }
   });
