@@ -5,7 +5,7 @@ import * as grpc from "@grpc/grpc-js";
 import { expect } from "chai";
 import { Health, HealthCheckResponse_ServingStatus as Serving } from "../../gen/grpc/health/v1/health_pb.js";
 import { KvEventService, PublishRequestSchema, type RouterEvent as WireRouterEvent } from "../../gen/mmgate/kvevents/v1/kvevents_pb.js";
-import { OverlapService } from "../../gen/mmgate/kvrouter/v1/kvrouter_pb.js";
+import { OverlapService, PoolReadiness } from "../../gen/mmgate/kvrouter/v1/kvrouter_pb.js";
 import { computeBlockHashForSeq, computeSeqHashForBlock } from "../../src/kv/index.js";
 import { LaneProbe, poolKey } from "../../src/relay/index.js";
 import { KvRouter, MAX_OVERLAP_TOKENS, RouterError, routerModule } from "../../src/relay/router/index.js";
@@ -114,9 +114,13 @@ describe("router module: OverlapService over real relays", function () {
       { relay: addrA, dcId: 1n, endpoint: "mmgate.backend.generate", matchedBlocks: 6, sequence: () => a!.relay.pool("default")!.sequence },
       { relay: addrB, dcId: 2n, endpoint: "mmgate.prefill.generate", matchedBlocks: 3, sequence: () => b!.relay.pool("default")!.sequence },
     ];
+    // Until each relay's readiness stream reports the events' workers live, both pools answer UNKNOWN; the tests
+    // that follow need both READY (an UNKNOWN pool is left out while another is READY).
     const response = await eventually(async () => {
       const res = await overlap(PROMPT, MODEL);
-      expect(res.pools.map((p) => [p.relay, p.matchedBlocks, p.sequence])).to.deep.equal(expected.map((e) => [e.relay, e.matchedBlocks, e.sequence()]));
+      expect(res.pools.map((p) => [p.relay, p.matchedBlocks, p.sequence, p.readiness])).to.deep.equal(
+        expected.map((e) => [e.relay, e.matchedBlocks, e.sequence(), PoolReadiness.READY]),
+      );
       return res;
     });
     response.pools.forEach((pool, i) => {
