@@ -287,6 +287,19 @@ describe("relay: NatsEventSource on JetStream", function () {
     expect((await jsm.streams.info(stream)).state.messages).to.equal(1);
   });
 
+  it("refuses to start when another stream holds the subject: the create's refusal, after one more look for the stream", async () => {
+    // A create refused as a name in use or as overlapping subjects is taken for another relay's create of the same
+    // stream (relays starting together race), and the stream is looked up again; here it is still missing.
+    await jsm.streams.add({ name: `OTHER_${seq}`, subjects: [subject] });
+    const source = new NatsEventSource({ servers: [server.url], subject, jetstream: { stream } }, () => undefined);
+    const error = await source.run(new AbortController().signal).then(
+      () => undefined,
+      (failure: unknown) => failure,
+    );
+    expect(String(error)).to.match(new RegExp(`failed: cannot create JetStream stream ${stream}: subjects overlap with an existing stream$`));
+    expect(source.stats().connected).to.equal(false);
+  });
+
   it("a run of the same source after a stop resumes after the last message it applied (where it acked)", async () => {
     const events = workload(400, 3);
     const running = await run();

@@ -266,6 +266,7 @@ const SHARED_TURN_BYTES = 16 * 1024;
 const STREAM_NOT_FOUND = 10059;
 const CONSUMER_NOT_FOUND = 10014;
 const STREAM_NAME_IN_USE = 10058;
+const SUBJECTS_OVERLAP = 10065;
 
 function apiErrorCode(error: unknown): number | undefined {
   const api = (error as { api_error?: { err_code?: unknown } } | undefined)?.api_error;
@@ -350,7 +351,9 @@ export class JetStreamIngest {
   private async ensureStream(jsm: JetStreamManager, nats: typeof NatsModule): Promise<void> {
     const name = this.config.stream;
     const create = this.config.createStream;
-    for (let attempt = 0; ; attempt++) {
+    // A create that another relay's create of the same stream refused: the stream is then taken as that relay made it.
+    let refused: unknown;
+    for (;;) {
       try {
         const info = await jsm.streams.info(name);
         if (info.config.retention !== nats.RetentionPolicy.Limits) {
@@ -371,7 +374,9 @@ export class JetStreamIngest {
         }
         return;
       } catch (error) {
-        if (apiErrorCode(error) !== STREAM_NOT_FOUND || attempt > 0) throw new JetStreamSourceError(`JetStream stream ${name}: ${errorOf(error).message}`, { cause: error });
+        if (apiErrorCode(error) !== STREAM_NOT_FOUND) throw new JetStreamSourceError(`JetStream stream ${name}: ${errorOf(error).message}`, { cause: error });
+        // Refused, and still missing: the refusal was no race (another stream holds these subjects).
+        if (refused !== undefined) throw new JetStreamSourceError(`cannot create JetStream stream ${name}: ${errorOf(refused).message}`, { cause: refused });
       }
       if (!create.enabled) throw new JetStreamSourceError(`JetStream stream ${name} does not exist (createStream.enabled is off)`);
       const config: Partial<StreamConfig> & { name: string } = {
@@ -390,8 +395,11 @@ export class JetStreamIngest {
         this.logger?.info({ subjects: config.subjects, maxAgeMs: create.maxAgeMs, maxBytes: create.maxBytes }, "JetStream stream created");
         return;
       } catch (error) {
-        // Another relay created it meanwhile: take it as it is.
-        if (apiErrorCode(error) !== STREAM_NAME_IN_USE) throw new JetStreamSourceError(`cannot create JetStream stream ${name}: ${errorOf(error).message}`, { cause: error });
+        // Another relay created it meanwhile (JetStream refuses the later create as a name in use, or, racing, as
+        // subjects that overlap the stream just made): take it as it is.
+        const code = apiErrorCode(error);
+        if (code !== STREAM_NAME_IN_USE && code !== SUBJECTS_OVERLAP) throw new JetStreamSourceError(`cannot create JetStream stream ${name}: ${errorOf(error).message}`, { cause: error });
+        refused = error;
       }
     }
   }
