@@ -7,3 +7,4 @@ export {
   natsServersSchema,
   type NatsConnectionSettings,
 } from "./connection.js";
+export { jetStreamErrorCode, streamCreatedMeanwhile } from "./jetstream-errors.js";

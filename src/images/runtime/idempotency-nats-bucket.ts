@@ -22,7 +22,7 @@
 import type * as NatsModule from "nats";
 import type { KV, KvEntry, KvOptions, NatsConnection, QueuedIterator } from "nats";
 import { backoffDelay, errorOf, interruptibleWait, MAX_TIMER_MS, settleWithin } from "../../util/index.js";
-import { natsConnectionOptions } from "../../nats/index.js";
+import { jetStreamErrorCode, natsConnectionOptions, streamCreatedMeanwhile } from "../../nats/index.js";
 import type { IdempotencyNatsConfig } from "../config.js";
 
 /** Stable codes of IdempotencyStoreError. */
@@ -56,7 +56,7 @@ function classify(error: unknown, store: string, operation: string): Idempotency
   if (error instanceof IdempotencyStoreError) return error;
   const e = errorOf(error) as Error & { api_error?: { err_code?: number; description?: string }; code?: string };
   const what = `${store} ${operation}: ${e.message}`;
-  if (e.api_error?.err_code === WRONG_LAST_SEQUENCE) return new IdempotencyStoreError("wrong_revision", what, { cause: e });
+  if (jetStreamErrorCode(e) === WRONG_LAST_SEQUENCE) return new IdempotencyStoreError("wrong_revision", what, { cause: e });
   if (e.code === "MAX_PAYLOAD_EXCEEDED" || /maximum (bytes|messages)|size exceeds|insufficient (resources|storage)/i.test(e.api_error?.description ?? e.message)) {
     return new IdempotencyStoreError("full", what, { cause: e });
   }
@@ -297,7 +297,7 @@ export class NatsBucket {
     } catch (error) {
       // Replicas that start together on a new bucket race to create it: the one that loses is refused, and
       // binds to the bucket the other made, rather than degrading until its next attempt.
-      if (!createdMeanwhile(error)) throw error;
+      if (!streamCreatedMeanwhile(error)) throw error;
       kv = await js.views.kv(this.config.bucket, options);
     }
     // An existing bucket keeps its own limits: values must fit them too.
@@ -363,16 +363,4 @@ export class NatsBucket {
       },
     };
   }
-}
-
-/**
- * JetStream's answers to creating a stream that another client created
- * between this one's lookup and its create: "stream name already in use"
- * (10058) and "subjects overlap with an existing stream" (10065).
- */
-const CREATED_MEANWHILE_CODES: ReadonlySet<number> = new Set([10058, 10065]);
-
-function createdMeanwhile(error: unknown): boolean {
-  const code = (error as { api_error?: { err_code?: unknown } } | undefined)?.api_error?.err_code;
-  return typeof code === "number" && CREATED_MEANWHILE_CODES.has(code);
 }

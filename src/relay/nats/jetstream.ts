@@ -44,6 +44,7 @@ import type { Logger } from "pino";
 import { Counter, Gauge, type Registry } from "prom-client";
 import { z } from "zod";
 import type { RouterEvent } from "../../kv/index.js";
+import { jetStreamErrorCode, streamCreatedMeanwhile } from "../../nats/index.js";
 import { errorOf, MAX_TIMER_MS, registeredMetric, type WorkSlicer } from "../../util/index.js";
 import { jetStreamNameSchema, natsSubjectSchema } from "./subject.js";
 
@@ -265,13 +266,6 @@ const SHARED_TURN_BYTES = 16 * 1024;
 /** JetStream API error codes the loop tells apart. */
 const STREAM_NOT_FOUND = 10059;
 const CONSUMER_NOT_FOUND = 10014;
-const STREAM_NAME_IN_USE = 10058;
-const SUBJECTS_OVERLAP = 10065;
-
-function apiErrorCode(error: unknown): number | undefined {
-  const api = (error as { api_error?: { err_code?: unknown } } | undefined)?.api_error;
-  return typeof api?.err_code === "number" ? api.err_code : undefined;
-}
 
 /** Why a consume session ended. */
 type SessionEnd = { readonly kind: "stopped" } | { readonly kind: "reposition"; readonly detail: string } | { readonly kind: "failed"; readonly error: Error };
@@ -374,7 +368,7 @@ export class JetStreamIngest {
         }
         return;
       } catch (error) {
-        if (apiErrorCode(error) !== STREAM_NOT_FOUND) throw new JetStreamSourceError(`JetStream stream ${name}: ${errorOf(error).message}`, { cause: error });
+        if (jetStreamErrorCode(error) !== STREAM_NOT_FOUND) throw new JetStreamSourceError(`JetStream stream ${name}: ${errorOf(error).message}`, { cause: error });
         // Refused, and still missing: the refusal was no race (another stream holds these subjects).
         if (refused !== undefined) throw new JetStreamSourceError(`cannot create JetStream stream ${name}: ${errorOf(refused).message}`, { cause: refused });
       }
@@ -397,8 +391,7 @@ export class JetStreamIngest {
       } catch (error) {
         // Another relay created it meanwhile (JetStream refuses the later create as a name in use, or, racing, as
         // subjects that overlap the stream just made): take it as it is.
-        const code = apiErrorCode(error);
-        if (code !== STREAM_NAME_IN_USE && code !== SUBJECTS_OVERLAP) throw new JetStreamSourceError(`cannot create JetStream stream ${name}: ${errorOf(error).message}`, { cause: error });
+        if (!streamCreatedMeanwhile(error)) throw new JetStreamSourceError(`cannot create JetStream stream ${name}: ${errorOf(error).message}`, { cause: error });
         refused = error;
       }
     }
@@ -414,7 +407,7 @@ export class JetStreamIngest {
     try {
       await jsm.consumers.delete(stream, durable);
     } catch (error) {
-      if (apiErrorCode(error) !== CONSUMER_NOT_FOUND) throw new JetStreamSourceError(`cannot reset JetStream consumer ${durable}: ${errorOf(error).message}`, { cause: error });
+      if (jetStreamErrorCode(error) !== CONSUMER_NOT_FOUND) throw new JetStreamSourceError(`cannot reset JetStream consumer ${durable}: ${errorOf(error).message}`, { cause: error });
     }
     const start: Partial<ConsumerConfig> =
       this.applied !== undefined
