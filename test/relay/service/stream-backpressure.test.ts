@@ -150,6 +150,9 @@ describe("relay pool streams and the transport's backlog", function () {
     const calls = [stalled(a, SUBSCRIBE, subscribeBody(server, "s0")), stalled(a, SUBSCRIBE_DECODED, decodedBody(server, "s1", false))];
     const b = await connect();
     await eventually(async () => expect(await firstData(b, SUBSCRIBE, subscribeBody(server!, "other"))).to.deep.include({ admitted: true }), { timeoutMs: 10_000 });
+    // One stream timing out is enough for that; the other may have moved a window's worth later, which restarts its
+    // clock (progress is per frame). Read before it too timed out, its snapshot would simply finish: wait for both ends.
+    await eventually(() => expect(server!.relay.pool("default")!.hub?.stats().subscribers).to.equal(0), { timeoutMs: 10_000 });
     // Both read at once: the two streams share the connection's 64 KiB window, and a stream left paused while the
     // other is read would keep the window filled with its own unread data, and the other's end would never arrive.
     const ends = await Promise.all(calls.map((call) => call.read()));
