@@ -7,4 +7,4 @@ export {
   natsServersSchema,
   type NatsConnectionSettings,
 } from "./connection.js";
-export { jetStreamErrorCode, streamCreatedMeanwhile } from "./jetstream-errors.js";
+export { jetStreamErrorCode, noResponders, streamCreatedMeanwhile } from "./jetstream-errors.js";

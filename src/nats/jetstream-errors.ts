@@ -23,3 +23,13 @@ export function streamCreatedMeanwhile(error: unknown): boolean {
   const code = jetStreamErrorCode(error);
   return code !== undefined && CREATED_MEANWHILE_CODES.has(code);
 }
+
+/**
+ * "No responders" (the client's 503): nothing took the request. A stream's
+ * subjects had no listener (a stream being set up or moving its leader) or
+ * the JetStream API none: the operation did not happen, so trying it again
+ * is safe.
+ */
+export function noResponders(error: unknown): boolean {
+  return (error as { code?: unknown } | undefined)?.code === "503";
+}

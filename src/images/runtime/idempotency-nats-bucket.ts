@@ -10,7 +10,11 @@
  * until a new bind succeeds: a loop rebinds with a backoff from
  * `reconnectWaitMs`, at once when the client reconnects. The client itself
  * reconnects for ever. Every transition is reported (`onChange`), which is
- * how the store degrades to this process's memory and comes back.
+ * how the store degrades to this process's memory and comes back. An
+ * operation answered "no responders" did not happen (nothing took it): it is
+ * tried again, with a short backoff, for up to `requestTimeoutMs` before it
+ * counts as such a failure, so a stream that is set up or elects a leader
+ * does not degrade the store for a moment's 503.
  *
  * Reads go to the stream leader (`allow_direct` off): a claim is decided by
  * a write that names the revision it read, and a chunk read from a replica
@@ -22,7 +26,7 @@
 import type * as NatsModule from "nats";
 import type { KV, KvEntry, KvOptions, NatsConnection, QueuedIterator } from "nats";
 import { backoffDelay, errorOf, interruptibleWait, MAX_TIMER_MS, settleWithin } from "../../util/index.js";
-import { jetStreamErrorCode, natsConnectionOptions, streamCreatedMeanwhile } from "../../nats/index.js";
+import { jetStreamErrorCode, natsConnectionOptions, noResponders, streamCreatedMeanwhile } from "../../nats/index.js";
 import type { IdempotencyNatsConfig } from "../config.js";
 
 /** Stable codes of IdempotencyStoreError. */
@@ -49,6 +53,12 @@ export class IdempotencyStoreError extends Error {
 const WRONG_LAST_SEQUENCE = 10071;
 /** Room left in each value for the headers and subject of the message carrying it. */
 const VALUE_HEADROOM_BYTES = 1024;
+/**
+ * Between tries of an operation answered "no responders" (a stream being set
+ * up, or a clustered stream electing its leader: JetStream answers 503 for a
+ * moment, though the server is there).
+ */
+const NO_RESPONDERS_BACKOFF = { minMs: 10, maxMs: 200 } as const;
 /** How long `close` waits for the connection to drain. */
 const DRAIN_TIMEOUT_MS = 2000;
 
@@ -214,12 +224,20 @@ export class NatsBucket {
   private async op<T>(name: string, run: (kv: KV) => Promise<T>): Promise<T> {
     const kv = this.kv;
     if (kv === undefined || this.state !== "available") throw new IdempotencyStoreError("unavailable", `${this.what} ${name}: the bucket is not reachable`);
-    try {
-      return await run(kv);
-    } catch (error) {
-      const failure = classify(error, this.what, name);
-      if (failure.code === "unavailable") this.lost(failure.message);
-      throw failure;
+    const deadline = performance.now() + this.config.requestTimeoutMs;
+    for (let attempt = 0; ; attempt++) {
+      try {
+        return await run(kv);
+      } catch (error) {
+        // Nothing took the request: it did not happen, and is tried again for up to requestTimeoutMs before the bucket counts as lost.
+        if (noResponders(error) && this.kv === kv && this.state === "available") {
+          const waitMs = backoffDelay(attempt, NO_RESPONDERS_BACKOFF);
+          if (performance.now() + waitMs < deadline && (await interruptibleWait(waitMs, this.stopping.signal).done) === "elapsed") continue;
+        }
+        const failure = classify(error, this.what, name);
+        if (failure.code === "unavailable") this.lost(failure.message);
+        throw failure;
+      }
     }
   }
 
