@@ -13,6 +13,7 @@ import { ImageError } from "../../src/images/core/errors.js";
 import { createImageRequest, zeroTimings, type ImageResponse } from "../../src/images/model.js";
 import type { IdempotencyAnswer, IdempotencyLimits } from "../../src/images/runtime/idempotency.js";
 import { NatsIdempotencyStore } from "../../src/images/runtime/idempotency-nats.js";
+import { IdempotencyStoreError, NatsBucket } from "../../src/images/runtime/idempotency-nats-bucket.js";
 import {
   checkLayout,
   decodeRecord,
@@ -23,7 +24,7 @@ import {
   MAX_RECORD_BYTES,
   type CompletedRecord,
 } from "../../src/images/runtime/idempotency-record.js";
-import { eventually, expectThrown, requireNats, startNats, type NatsServer } from "../support/index.js";
+import { eventually, expectRejection, expectThrown, requireNats, startNats, type NatsServer } from "../support/index.js";
 import { freePort } from "../support/process.js";
 import { rejection } from "./helpers.js";
 
@@ -130,9 +131,32 @@ describe("images: idempotency keys shared over NATS JetStream", function () {
     return entry;
   }
 
-  async function bucketView(): Promise<{ nc: NatsConnection; kv: KV }> {
+  async function bucketView(): Promise<{ nc: NatsConnection; kv: KV; values: (prefix: string) => Promise<Map<string, Uint8Array>> }> {
     const nc = await connect({ servers: nats.url });
-    return { nc, kv: await nc.jetstream().views.kv(bucket) };
+    const jsm = await nc.jetstreamManager();
+    const stream = `KV_${bucket}`;
+    const subjectPrefix = `$KV.${bucket}.`;
+    /**
+     * The live keys under `prefix` and their values, read message by message from the bucket's stream, again until
+     * no write came meanwhile (a key written again moves past the sequences read). Not `kv.keys()`: on a loaded
+     * machine its iteration (an ordered consumer) now and then never ended, and the test hung.
+     */
+    const values = async (prefix: string): Promise<Map<string, Uint8Array>> => {
+      for (;;) {
+        const { state } = await jsm.streams.info(stream);
+        const found = new Map<string, Uint8Array>();
+        for (let seq = state.first_seq; seq <= state.last_seq && state.messages > 0; seq++) {
+          const message = await jsm.streams.getMessage(stream, { seq }).catch(() => undefined);
+          const key = message?.subject.slice(subjectPrefix.length);
+          if (message === undefined || key === undefined || !key.startsWith(prefix)) continue;
+          const operation = message.header?.get("KV-Operation");
+          if (operation === "DEL" || operation === "PURGE") found.delete(key);
+          else found.set(key, message.data);
+        }
+        if ((await jsm.streams.info(stream)).state.last_seq === state.last_seq) return found;
+      }
+    };
+    return { nc, kv: await nc.jetstream().views.kv(bucket), values };
   }
 
   const logged = (r: Replica, text: string) => r.logs.some((line) => line.includes(text));
@@ -243,11 +267,9 @@ describe("images: idempotency keys shared over NATS JetStream", function () {
     });
     expect(Buffer.from(replay.response.data[0]!.data!).equals(Buffer.from(big.data[0]!.data!))).to.equal(true);
     expect({ ...replay.response, data: [] }).to.deep.equal({ ...big, data: [] });
-    const { nc, kv } = await bucketView();
+    const { nc, values } = await bucketView();
     try {
-      const keys: string[] = [];
-      for await (const key of await kv.keys("d.>")) keys.push(key);
-      expect(keys.length).to.equal(Math.ceil(encodeResponse(big).byteLength / (16 * 1024 - 1024)));
+      expect((await values("d.")).size).to.equal(Math.ceil(encodeResponse(big).byteLength / (16 * 1024 - 1024)));
     } finally {
       await nc.close();
     }
@@ -342,25 +364,73 @@ describe("images: idempotency keys shared over NATS JetStream", function () {
   it("answers a damaged record or a damaged chunk without running the key again", async () => {
     const [a, b] = [replica({ maxValueBytes: 16 * 1024 }), replica({ maxValueBytes: 16 * 1024 })];
     await a.store.run("s", "k", FP, live(), async () => response("first", 40_000));
-    const { nc, kv } = await bucketView();
+    const { nc, kv, values } = await bucketView();
+    // The response is the caller's before its record is written: damage what is stored once the records say completed.
+    const completedRecords = (count: number) =>
+      eventually(async () => {
+        const records = await values("r.");
+        expect([...records.values()].map((value) => decodeRecord(value).state)).to.deep.equal(Array(count).fill("completed"));
+        return records;
+      });
     try {
-      const chunks: string[] = [];
-      for await (const key of await kv.keys("d.>")) chunks.push(key);
+      await completedRecords(1);
+      const chunks = [...(await values("d.")).keys()];
+      expect(chunks).to.have.length(3);
       await kv.put(chunks[0]!, new Uint8Array(16 * 1024 - 1024));
       const damaged = await rejection(b.store.run("s", "k", FP, live(), () => Promise.reject(new Error("must not run again"))));
       expect(damaged.details).to.deep.include({ outcome: "completed_unreplayable" });
       expect(logged(b, "cannot be replayed")).to.equal(true);
 
       await a.store.run("s", "r", FP, live(), async () => response("second"));
-      const records: string[] = [];
-      for await (const key of await kv.keys("r.>")) records.push(key);
-      for (const key of records) await kv.put(key, new TextEncoder().encode('{"v":1,"state":"completed"'));
+      for (const key of (await completedRecords(2)).keys()) await kv.put(key, new TextEncoder().encode('{"v":1,"state":"completed"'));
       const unreadable = await rejection(b.store.run("s", "r", FP, live(), () => Promise.reject(new Error("must not run again"))));
       expect(unreadable).to.deep.include({ code: "internal", retryable: false });
       expect(unreadable.details).to.deep.equal({ outcome: "unknown" });
     } finally {
       await nc.close();
     }
+  });
+
+  describe("a moment without the bucket's stream (JetStream answers no responders)", () => {
+    /** A bucket of the store's own, its reachability changes, and a view of its stream from another connection. */
+    async function bareBucket() {
+      const changes: boolean[] = [];
+      const own = new NatsBucket(natsConfig(), { ttlMs: 60_000 }, (available) => changes.push(available));
+      own.start();
+      await own.started(live());
+      expect(own.available).to.equal(true);
+      const nc = await connect({ servers: nats.url });
+      const jsm = await nc.jetstreamManager();
+      // The stream goes: writes to its subjects now reach nobody, and the client answers 503.
+      expect(await jsm.streams.delete(`KV_${bucket}`)).to.equal(true);
+      return { own, changes, nc };
+    }
+
+    it("tries a write again until the stream is back: it lands, and the bucket never counted as lost", async () => {
+      const { own, changes, nc } = await bareBucket();
+      try {
+        const write = own.put("k", new TextEncoder().encode("v"));
+        await new Promise((resolve) => setTimeout(resolve, 100));
+        // The stream set up again, as a replica that binds makes it.
+        await nc.jetstream().views.kv(bucket, { history: 1, allow_direct: false });
+        expect(await write).to.be.a("number");
+        expect(changes).to.deep.equal([true]);
+        expect(own.available).to.equal(true);
+      } finally {
+        await Promise.all([nc.close(), own.close()]);
+      }
+    });
+
+    it("gives up after requestTimeoutMs: the write fails unavailable and the bucket is lost until it binds again", async () => {
+      const { own, changes, nc } = await bareBucket();
+      try {
+        await expectRejection(own.put("k", new TextEncoder().encode("v")), { type: IdempotencyStoreError, code: "unavailable", message: /put: 503/ });
+        // Binding again makes the stream anew.
+        await eventually(() => expect(changes).to.deep.equal([true, false, true]));
+      } finally {
+        await Promise.all([nc.close(), own.close()]);
+      }
+    });
   });
 
   describe("when NATS goes away", () => {
