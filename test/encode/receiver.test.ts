@@ -15,7 +15,8 @@ import type { AnnotatedOutput } from "../../gen/mmgate/llm/v1/output_pb.js";
 import type { PreprocessedRequestSchema } from "../../gen/mmgate/llm/v1/request_pb.js";
 import { TokenWorkerService } from "../../gen/mmgate/llm/v1/token_worker_pb.js";
 import { MediaService } from "../../gen/mmgate/media/v1/media_pb.js";
-import { defineTokenWorkerModule, encodeHopModule, encodeWorkerModule, tokenWorkerModule, type TokenWorkerSeams } from "../../src/encode/index.js";
+import { defineTokenWorkerModule, encodeWorkerModule, tokenWorkerModule, type TokenWorkerSeams } from "../../src/encode/index.js";
+import { defineEncodeHopModule } from "../../src/encode/module.js";
 import { descriptorFromJson } from "../../src/llm/index.js";
 import { parseJson } from "../../src/util/index.js";
 import {
@@ -126,6 +127,8 @@ describe("encode: the token worker as a receiver, in one process (media, encodeW
   let media: Client<typeof MediaService>;
   let store: TensorStore | undefined;
   let afterRead: TokenWorkerSeams["afterRead"];
+  /** The hop's inbound call of the request it last encoded. */
+  let hopCall: AbortSignal | undefined;
   const W = 16;
   const H = 8;
   let png: Buffer;
@@ -138,8 +141,13 @@ describe("encode: the token worker as a receiver, in one process (media, encodeW
     png2 = await encodeRaw(pattern(W * H * 3, 17, 3), W, H, 3, "png");
     big = await encodeRaw(pattern(24 * 24 * 3), 24, 24, 3, "png");
     const tokenWorker = defineTokenWorkerModule({ afterRead: (read) => afterRead?.(read) });
+    const encodeHop = defineEncodeHopModule({
+      afterEncode: async ({ signal }) => {
+        hopCall = signal;
+      },
+    });
     server = await startServer({
-      modules: [mediaModule, encodeWorkerModule, tokenWorker, encodeHopModule, storeProbe((s) => (store = s))],
+      modules: [mediaModule, encodeWorkerModule, tokenWorker, encodeHop, storeProbe((s) => (store = s))],
       config: { tokenWorker: { receiver: { maxTensorBytes: MAX_TENSOR_BYTES } } },
     });
     hop = createClient(EncodeHopService, server.transport);
@@ -229,14 +237,22 @@ describe("encode: the token worker as a receiver, in one process (media, encodeW
           break;
         }
         case 2: {
-          // Leaves while the first item is being received: the second is never read, both are released.
+          // Leaves while the first item is being received. The hop keeps the downstream call of an encoded request
+          // until the receiver has its items (handoffTimeoutMs): the token worker goes on, reads the second item too
+          // with its call still live, and releases both.
           const caller = new AbortController();
+          const reads: { index: number; callLive: boolean }[] = [];
           afterRead = async ({ index, signal }) => {
-            if (index !== 0) return;
-            caller.abort();
-            await eventually(() => expect(signal.aborted, "the token worker sees the caller gone").to.equal(true));
+            if (index === 0) {
+              caller.abort();
+              await eventually(() => expect(hopCall?.aborted, "the hop sees its caller gone").to.equal(true));
+              // Time for a cancellation the hop would pass on to reach the token worker.
+              await new Promise((resolve) => setTimeout(resolve, 50));
+            }
+            reads.push({ index, callLive: !signal.aborted });
           };
           const { code } = await callHop(hop, request, { caller });
+          await eventually(() => expect(reads).to.deep.equal([0, 1].map((index) => ({ index, callLive: true }))));
           afterRead = undefined;
           outcomes.push(code ?? "ok");
           break;
