@@ -14,7 +14,7 @@ import {
 } from "../media/index.js";
 import { channelConfigSchema, ChannelPool, inProcessTransport, outboundContextValues, readTokenFile, withCallContext } from "../rpc/index.js";
 import { codeName, ConfigError, hostPort, requestIdOf, type LocalRoutes } from "../server/index.js";
-import { AcquireError, MAX_TIMER_MS, registeredMetric, Semaphore } from "../util/index.js";
+import { AcquireError, cancelledOnExit, MAX_TIMER_MS, registeredMetric, Semaphore } from "../util/index.js";
 
 const MiB = 1024 * 1024;
 const GiB = 1024 * MiB;
@@ -424,9 +424,9 @@ export class TensorReceiver {
       if (remainingMs <= 0) throw new ReceiptError("timeout", `no read slot within tokenWorker.receiver.timeoutMs (${timeoutMs} ms)`);
       const data = new Uint8Array(size);
       let written = 0;
-      const stream = createClient(MediaService, transport).readTensor(
-        { handle },
-        { headers: this.headersOf(call), signal: call.signal, timeoutMs: remainingMs, contextValues: outboundContextValues(call) },
+      // A read refused part way (a chunk out of place) cancels the stream: the store would go on writing into it.
+      const stream = cancelledOnExit(call.signal, (signal) =>
+        createClient(MediaService, transport).readTensor({ handle }, { headers: this.headersOf(call), signal, timeoutMs: remainingMs, contextValues: outboundContextValues(call) }),
       );
       for await (const chunk of stream) {
         if (chunk.totalSize !== BigInt(size)) {

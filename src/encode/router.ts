@@ -8,7 +8,7 @@ import { FinishReason_Kind, type AnnotatedOutput } from "../../gen/mmgate/llm/v1
 import { PreprocessedRequestSchema, type PreprocessedRequest } from "../../gen/mmgate/llm/v1/request_pb.js";
 import { shouldEncode } from "../llm/index.js";
 import { inSpan, type TraceSpan } from "../telemetry/index.js";
-import { delay } from "../util/index.js";
+import { cancelledOnExit, delay } from "../util/index.js";
 import { isRefused, type CallOutcome } from "./members.js";
 
 /** Where the hop stands: waiting for a binding, routing to one, or without a target. */
@@ -261,7 +261,8 @@ export class EncoderRouter {
       const client = createClient(EncodeWorkerService, member.transport);
       const headers = new Headers(call.headers ?? {});
       headers.set("x-request-id", call.requestId);
-      const responses = client.encode({ request }, { headers, ...(call.timeoutMs !== undefined ? { timeoutMs: call.timeoutMs } : {}) });
+      // An error item ends the consumption early: the call is cancelled then, not left to the worker.
+      const responses = cancelledOnExit(undefined, (signal) => client.encode({ request }, { headers, signal, ...(call.timeoutMs !== undefined ? { timeoutMs: call.timeoutMs } : {}) }));
       let outcome: EncodeOutcome;
       try {
         outcome = await consumeEncodeStream(outputsOf(responses));

@@ -150,3 +150,23 @@ export function linkSignals(signals: readonly AbortSignal[], options: { timeoutM
   }
   return { signal: controller.signal, dispose };
 }
+
+/**
+ * A call's stream that is cancelled when its reader stops early. Leaving a
+ * `for await` over a connect client's stream (break, return, a throw) stops
+ * reading but does not cancel the call: the HTTP/2 stream stays open, the
+ * server goes on writing into it until flow control stops it, and the
+ * session keeps it until the call's own end. Here `open` gets a signal that
+ * also fires once the reader is done, however it left; a call that ended by
+ * itself is unaffected.
+ */
+export async function* cancelledOnExit<T>(signal: AbortSignal | undefined, open: (signal: AbortSignal) => AsyncIterable<T>): AsyncGenerator<T, void, undefined> {
+  const done = new AbortController();
+  const link = linkSignals(signal === undefined ? [done.signal] : [signal, done.signal]);
+  try {
+    yield* open(link.signal);
+  } finally {
+    done.abort();
+    link.dispose();
+  }
+}

@@ -1,5 +1,5 @@
 export { AcquireError, Semaphore, type AcquireFailure, type Permit } from "./semaphore.js";
-export { delay, errorOf, linkSignals, MAX_TIMER_MS, raceAbort, settleWithin, untilAborted, whenAborted, type LinkedSignal } from "./abort.js";
+export { cancelledOnExit, delay, errorOf, linkSignals, MAX_TIMER_MS, raceAbort, settleWithin, untilAborted, whenAborted, type LinkedSignal } from "./abort.js";
 export { BoundedQueue, type BoundedQueueOptions } from "./bounded-queue.js";
 export { observeStream, type StreamObserver } from "./observe-stream.js";
 export { registeredMetric } from "./metrics.js";

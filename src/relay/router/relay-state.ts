@@ -35,6 +35,7 @@ import {
   type RelayIncarnation,
 } from "../consumer/index.js";
 import { endpointName, poolIdFromWire, producerFromWire, RELAY_CONTRACT_MARKER, relayReasonOf, TopologyError, validateTopologyEntry } from "../wire/index.js";
+import { cancelledOnExit } from "../../util/index.js";
 
 export type ServingStateName = "UNKNOWN" | "UNAVAILABLE" | "READY";
 
@@ -271,7 +272,8 @@ export class RelayState {
       let failure: ConsumerFailure;
       let first: RelayIncarnation | undefined;
       try {
-        for await (const update of open(signal)) {
+        // A contract violation leaves the loop with the stream still open: it is cancelled, not left to the relay.
+        for await (const update of cancelledOnExit(signal, open)) {
           checkResponseEnvelope(update, what);
           first = checkRelayIdentity(update.relay, first, what);
           apply(update);
