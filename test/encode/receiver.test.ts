@@ -6,7 +6,7 @@ import { mkdtempSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { expect } from "chai";
-import { toJson, type JsonObject, type MessageInitShape } from "@bufbuild/protobuf";
+import { create, toBinary, toJson, type JsonObject, type MessageInitShape } from "@bufbuild/protobuf";
 import { ValueSchema } from "@bufbuild/protobuf/wkt";
 import { Code, ConnectError, createClient, type Client } from "@connectrpc/connect";
 import { z } from "zod";
@@ -14,7 +14,7 @@ import { EncodeHopService, EncodeWorkerService, Lifecycle } from "../../gen/mmga
 import type { AnnotatedOutput } from "../../gen/mmgate/llm/v1/output_pb.js";
 import type { PreprocessedRequestSchema } from "../../gen/mmgate/llm/v1/request_pb.js";
 import { TokenWorkerService } from "../../gen/mmgate/llm/v1/token_worker_pb.js";
-import { MediaService } from "../../gen/mmgate/media/v1/media_pb.js";
+import { MediaService, ReadTensorResponseSchema, ReleaseTensorResponseSchema } from "../../gen/mmgate/media/v1/media_pb.js";
 import { defineTokenWorkerModule, encodeWorkerModule, tokenWorkerModule, type TokenWorkerSeams } from "../../src/encode/index.js";
 import { defineEncodeHopModule } from "../../src/encode/module.js";
 import { descriptorFromJson } from "../../src/llm/index.js";
@@ -30,6 +30,7 @@ import {
 } from "../../src/media/index.js";
 import { defineModule } from "../../src/server/index.js";
 import { eventually, selfSignedCertificate, spawnMmgate, startChildServer, startServer, type ChildServer, type InProcessServer } from "../support/index.js";
+import { grpcFrame } from "../support/raw-h2.js";
 import { freePort } from "../support/process.js";
 import { encodeRaw, pattern } from "../media/fixtures.js";
 
@@ -337,6 +338,42 @@ describe("encode: the receiver's credentials", function () {
 
 describe("encode: the receiver's deadline", function () {
   this.timeout(30_000);
+  it("a read refused part way (a chunk out of place) is read_failed, and the store's stream is cancelled", async () => {
+    // Answers ReadTensor with one chunk at the wrong offset and keeps the stream open; answers ReleaseTensor released.
+    const store = http2.createServer();
+    const readEnds: Promise<number>[] = [];
+    store.on("stream", (stream, headers) => {
+      stream.on("error", () => undefined);
+      stream.respond({ ":status": 200, "content-type": "application/grpc" }, { waitForTrailers: true });
+      stream.on("wantTrailers", () => stream.sendTrailers({ "grpc-status": "0" }));
+      if (headers[":path"] === "/mmgate.media.v1.MediaService/ReadTensor") {
+        readEnds.push(new Promise((resolve) => stream.once("close", () => resolve(stream.rstCode))));
+        stream.write(grpcFrame(toBinary(ReadTensorResponseSchema, create(ReadTensorResponseSchema, { totalSize: 12n, offset: 4n, data: new Uint8Array(4) }))));
+      } else {
+        stream.end(grpcFrame(toBinary(ReleaseTensorResponseSchema, create(ReleaseTensorResponseSchema, { released: true }))));
+      }
+    });
+    await new Promise<void>((resolve) => store.listen(0, "127.0.0.1", resolve));
+    const endpoint = `127.0.0.1:${(store.address() as AddressInfo).port}`;
+    const server = await startServer({ modules: [tokenWorkerModule] });
+    try {
+      const descriptor = JSON.parse(descriptorJson(endpoint, 9n)) as JsonObject;
+      const encoderResult = { schema_version: 1, items: [{ modality: "image", index: 0, content_hash: "0000000000001234", shape: [2, 2, 3], dtype: "UINT8", descriptor }] };
+      const outputs: AnnotatedOutput[] = [];
+      for await (const res of createClient(TokenWorkerService, server.transport).generate({ request: { tokenIds: [1], encoderResult } })) {
+        if (res.output) outputs.push(res.output);
+      }
+      const [receipt] = reportOf(outputs).receipts!;
+      expect(receipt).to.include({ verified: false, released: true });
+      expect(receipt!.reason).to.equal(`read_failed: ${endpoint} sent 4 bytes at 4, expected them at 0 (of 12)`);
+      // The store's stream is cancelled, not left open on the token worker's session to it (kept per endpoint).
+      expect(await Promise.all(readEnds)).to.deep.equal([http2.constants.NGHTTP2_CANCEL]);
+    } finally {
+      await server.close();
+      store.close();
+    }
+  });
+
   it("a store that never answers ends the read and the release at timeoutMs", async () => {
     // Accepts every call and never answers it.
     const silent = http2.createServer();

@@ -20,6 +20,7 @@ import {
 } from "../../gen/dynamo/kvrelay/v1/relay_pb.js";
 import { OverlapRequestSchema, OverlapResponseSchema, OverlapService, type OverlapResponse } from "../../gen/mmgate/kvrouter/v1/kvrouter_pb.js";
 import { RELAY_CONTRACT_MARKER } from "../../src/relay/index.js";
+import { cancelledOnExit } from "../../src/util/index.js";
 import type { TestServer } from "../support/index.js";
 
 export type ClientStack = "connect" | "grpc-js";
@@ -70,20 +71,19 @@ function grpcJsFirst<T>(call: grpc.ClientReadableStream<T>, count: number): Prom
   });
 }
 
-/** The first `count` messages of a connect server stream (then closed). */
-async function connectFirst<T>(stream: AsyncIterable<T>, count: number): Promise<T[]> {
+/** The first `count` messages of a connect server stream, then cancelled (a break alone would leave the call open). */
+async function connectFirst<T>(open: (signal: AbortSignal) => AsyncIterable<T>, count: number): Promise<T[]> {
   const received: T[] = [];
-  for await (const message of stream) {
+  for await (const message of cancelledOnExit(undefined, open)) {
     received.push(message);
     if (received.length === count) break;
   }
   return received;
 }
 
-/** The readiness projection the relay sends first (its current one), over `stack`. */
 export async function readinessNow(server: TestServer, stack: ClientStack): Promise<ServingReadinessUpdate> {
   const request = { subscriberId: `readiness-${stack}`, contractMarker: RELAY_CONTRACT_MARKER };
-  if (stack === "connect") return (await connectFirst(createClient(KvEventRelay, server.transport).subscribeServingReadiness(request), 1))[0]!;
+  if (stack === "connect") return (await connectFirst((signal) => createClient(KvEventRelay, server.transport).subscribeServingReadiness(request, { signal }), 1))[0]!;
   const client = new RelayClient(server.addr, grpc.credentials.createInsecure(), { "grpc.max_receive_message_length": MAX_MESSAGE });
   try {
     const call = (client as unknown as Record<string, (r: unknown) => grpc.ClientReadableStream<ServingReadinessUpdate>>)["subscribeServingReadiness"]!(
