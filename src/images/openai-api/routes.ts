@@ -10,6 +10,7 @@ import { randomUUID } from "node:crypto";
 import { ConnectError, createClient, type CallOptions, type Client, type Transport } from "@connectrpc/connect";
 import { ImageService } from "../../../gen/mmgate/images/v1/image_service_pb.js";
 import type { HttpRoute, HttpRouteContext, HttpRouteRequest, HttpRouteResponse } from "../../server/index.js";
+import { cancelledOnExit } from "../../util/index.js";
 import { fromRpcError, invalidParam, OpenAiApiError } from "./errors.js";
 import { headerOf, readJson, sendError, sendJson } from "./http.js";
 import { modelIdOf, modelOf, modelsOf, ProviderCatalog, type ResolvedRoute } from "./models.js";
@@ -165,7 +166,8 @@ class ImagesApi {
     let opened = false;
     try {
       let completed = false;
-      for await (const message of this.client.generateStream({ request }, call)) {
+      // Left early (an event that cannot be written), the stream is cancelled: ctx.signal fires only if the client goes.
+      for await (const message of cancelledOnExit(call.signal, (signal) => this.client.generateStream({ request }, { ...call, signal }))) {
         if (!opened) {
           sse.open(answerHeaders);
           opened = true;
