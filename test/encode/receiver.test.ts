@@ -338,6 +338,17 @@ describe("encode: the receiver's credentials", function () {
 
 describe("encode: the receiver's deadline", function () {
   this.timeout(30_000);
+  /** The receipt of a Generate call on `server` whose encoder result holds one 2x2x3 item held by the store at `endpoint`. */
+  async function oneItemReceipt(server: InProcessServer, endpoint: string): Promise<Receipt> {
+    const descriptor = JSON.parse(descriptorJson(endpoint, 9n)) as JsonObject;
+    const encoderResult = { schema_version: 1, items: [{ modality: "image", index: 0, content_hash: "0000000000001234", shape: [2, 2, 3], dtype: "UINT8", descriptor }] };
+    const outputs: AnnotatedOutput[] = [];
+    for await (const res of createClient(TokenWorkerService, server.transport).generate({ request: { tokenIds: [1], encoderResult } })) {
+      if (res.output) outputs.push(res.output);
+    }
+    return reportOf(outputs).receipts![0]!;
+  }
+
   it("a read refused part way (a chunk out of place) is read_failed, and the store's stream is cancelled", async () => {
     // Answers ReadTensor with one chunk at the wrong offset and keeps the stream open; answers ReleaseTensor released.
     const store = http2.createServer();
@@ -357,15 +368,9 @@ describe("encode: the receiver's deadline", function () {
     const endpoint = `127.0.0.1:${(store.address() as AddressInfo).port}`;
     const server = await startServer({ modules: [tokenWorkerModule] });
     try {
-      const descriptor = JSON.parse(descriptorJson(endpoint, 9n)) as JsonObject;
-      const encoderResult = { schema_version: 1, items: [{ modality: "image", index: 0, content_hash: "0000000000001234", shape: [2, 2, 3], dtype: "UINT8", descriptor }] };
-      const outputs: AnnotatedOutput[] = [];
-      for await (const res of createClient(TokenWorkerService, server.transport).generate({ request: { tokenIds: [1], encoderResult } })) {
-        if (res.output) outputs.push(res.output);
-      }
-      const [receipt] = reportOf(outputs).receipts!;
+      const receipt = await oneItemReceipt(server, endpoint);
       expect(receipt).to.include({ verified: false, released: true });
-      expect(receipt!.reason).to.equal(`read_failed: ${endpoint} sent 4 bytes at 4, expected them at 0 (of 12)`);
+      expect(receipt.reason).to.equal(`read_failed: ${endpoint} sent 4 bytes at 4, expected them at 0 (of 12)`);
       // The store's stream is cancelled, not left open on the token worker's session to it (kept per endpoint).
       expect(await Promise.all(readEnds)).to.deep.equal([http2.constants.NGHTTP2_CANCEL]);
     } finally {
@@ -386,16 +391,10 @@ describe("encode: the receiver's deadline", function () {
     const endpoint = `127.0.0.1:${(silent.address() as AddressInfo).port}`;
     const server = await startServer({ modules: [tokenWorkerModule], config: { tokenWorker: { receiver: { timeoutMs: 300 } } } });
     try {
-      const descriptor = JSON.parse(descriptorJson(endpoint, 9n)) as JsonObject;
-      const encoderResult = { schema_version: 1, items: [{ modality: "image", index: 0, content_hash: "0000000000001234", shape: [2, 2, 3], dtype: "UINT8", descriptor }] };
-      const outputs: AnnotatedOutput[] = [];
-      for await (const res of createClient(TokenWorkerService, server.transport).generate({ request: { tokenIds: [1], encoderResult } })) {
-        if (res.output) outputs.push(res.output);
-      }
-      const [receipt] = reportOf(outputs).receipts!;
+      const receipt = await oneItemReceipt(server, endpoint);
       expect(receipt).to.include({ verified: false, released: false });
-      expect(receipt!.reason).to.match(new RegExp(`^timeout: read from ${endpoint} did not finish within its deadline`));
-      expect(receipt!.release_error).to.match(/^timeout: release from /);
+      expect(receipt.reason).to.match(new RegExp(`^timeout: read from ${endpoint} did not finish within its deadline`));
+      expect(receipt.release_error).to.match(/^timeout: release from /);
     } finally {
       await server.close();
       for (const s of streams) s.destroy();
