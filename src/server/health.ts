@@ -186,13 +186,18 @@ export function healthService(registry: HealthRegistry, drainSignal: AbortSignal
       latest.replace(registry.get(req.service) ?? ServingStatus.SERVICE_UNKNOWN);
       const unsubscribe = registry.subscribe(req.service, (s) => latest.replace(s));
       // The stream ends on client cancellation, or on drain once the
-      // NOT_SERVING that drain published has been written.
+      // NOT_SERVING that drain published has been written; at its deadline
+      // it ends DEADLINE_EXCEEDED (a quiet return would end it OK).
       const link = linkSignals([ctx.signal, drainSignal]);
       const stop = link.signal;
       try {
         for (;;) {
           const next = await latest.next(stop).catch(() => undefined);
-          if (next === undefined || next.done === true) return;
+          if (next === undefined || next.done === true) {
+            const reason: unknown = ctx.signal.reason;
+            if (reason instanceof ConnectError && reason.code === Code.DeadlineExceeded) throw reason;
+            return;
+          }
           yield { status: next.value };
           if (drainSignal.aborted && next.value === ServingStatus.NOT_SERVING) return;
         }

@@ -1,11 +1,13 @@
 import { Code, ConnectError, createClient } from "@connectrpc/connect";
 import * as grpc from "@grpc/grpc-js";
 import { expect } from "chai";
-import { Health, HealthCheckResponse_ServingStatus as S } from "../../gen/grpc/health/v1/health_pb.js";
+import { create, fromBinary, toBinary } from "@bufbuild/protobuf";
+import { Health, HealthCheckRequestSchema, HealthCheckResponse_ServingStatus as S, HealthCheckResponseSchema } from "../../gen/grpc/health/v1/health_pb.js";
 import { AdminService } from "../../gen/mmgate/admin/v1/admin_pb.js";
 import type { GrpcClient, InProcessServer } from "../support/index.js";
 import { eventually, expectRejection, grpcServerStream, grpcUnary, startServer } from "../support/index.js";
 import { HealthRegistry, ServingStatus, healthService } from "../../src/server/health.js";
+import { connectH2, grpcFrame, parseGrpcFrames, startRawH2 } from "../support/raw-h2.js";
 
 describe("grpc.health.v1", () => {
   let server: InProcessServer;
@@ -75,6 +77,23 @@ describe("grpc.health.v1", () => {
     expect(await watch).to.deep.equal([{ status: "SERVING" }, { status: "NOT_SERVING" }]);
     await connectWatch;
     expect(connectSeen).to.deep.equal([S.SERVING, S.NOT_SERVING]);
+  });
+
+  it("Watch ends DEADLINE_EXCEEDED at its deadline, on both paths, even for a client that does not enforce it", async () => {
+    // A raw client: grpc-timeout 100m is sent and never enforced here, so the status is the server's own.
+    const session = await connectH2(server.addr);
+    try {
+      const call = startRawH2(session, {
+        headers: { ":method": "POST", ":path": "/grpc.health.v1.Health/Watch", "content-type": "application/grpc", te: "trailers", "grpc-timeout": "100m" },
+        body: grpcFrame(toBinary(HealthCheckRequestSchema, create(HealthCheckRequestSchema, { service: "" }))),
+        timeoutMs: 10_000,
+      });
+      const res = await call.response;
+      expect(parseGrpcFrames(res.data).frames.map((f) => fromBinary(HealthCheckResponseSchema, f.payload).status)).to.deep.equal([S.SERVING]);
+      expect(res.trailers?.["grpc-status"]).to.equal(String(Code.DeadlineExceeded));
+    } finally {
+      session.destroy();
+    }
   });
 
   it("readyz follows the server's status; healthz stays up", async () => {
