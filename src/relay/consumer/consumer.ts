@@ -34,7 +34,7 @@ import { KvEventRelay, type FilterUpdate } from "../../../gen/dynamo/kvrelay/v1/
 import { sameProducerIdentity, type PoolId, type ProducerIdentity } from "../../kv/index.js";
 import { snapshotChunkCount } from "../cbi1/index.js";
 import { checkSubscriberId, endpointName, producerToWire, RELAY_CONTRACT_MARKER, relayReasonOf, type PoolDescriptor } from "../wire/index.js";
-import { backoffDelay, backoffOptions, interruptibleWait, linkSignals, type BackoffOptions, type Wait } from "../../util/index.js";
+import { backoffDelay, backoffOptions, cancelledOnExit, interruptibleWait, type BackoffOptions, type Wait } from "../../util/index.js";
 import { readCatalogUpdate, type CatalogPool, type CatalogRejection, type CatalogSnapshot } from "./catalog.js";
 import type { RelayIncarnation } from "./envelope.js";
 import { isConsumerError } from "./errors.js";
@@ -229,13 +229,11 @@ export class RelayConsumer {
     let failures = 0;
     const request = { subscriberId: this.subscriberId, contractMarker: RELAY_CONTRACT_MARKER };
     while (!signal.aborted) {
-      // The attempt's stream ends with the consumer, or once this attempt is over (`ended`).
-      const ended = new AbortController();
-      const attempt = linkSignals([signal, ended.signal]);
       let failure: ConsumerFailure;
       let streamRelay: RelayIncarnation | undefined;
       try {
-        for await (const update of this.client.watchKvPoolCatalog(request, { signal: attempt.signal })) {
+        // The attempt's stream ends with the consumer, or once this attempt is over.
+        for await (const update of cancelledOnExit(signal, (attempt) => this.client.watchKvPoolCatalog(request, { signal: attempt }))) {
           if (signal.aborted) break;
           this.catalogConnected = true;
           const snapshot = readCatalogUpdate(update, streamRelay);
@@ -248,8 +246,6 @@ export class RelayConsumer {
         failure = this.classify(error);
       } finally {
         this.catalogConnected = false;
-        ended.abort();
-        attempt.dispose();
       }
       if (signal.aborted) return;
       this.catalogError = failure;
@@ -358,19 +354,14 @@ export class RelayConsumer {
       replica.state = "subscribing";
       replica.retryAt = undefined;
       this.emit({ type: "subscribing", pool: replica.key, resubscribes: replica.resubscribes });
-      const ended = new AbortController();
-      const attempt = linkSignals([signal, ended.signal]);
       let failure: ConsumerFailure;
       try {
-        for await (const update of this.client.subscribeKvPool(request, { signal: attempt.signal })) {
+        for await (const update of cancelledOnExit(signal, (attempt) => this.client.subscribeKvPool(request, { signal: attempt }))) {
           this.onUpdate(replica, mirror, update);
         }
         failure = this.failure("eof", "EOF", "the relay ended the pool stream");
       } catch (error) {
         failure = this.classify(error);
-      } finally {
-        ended.abort();
-        attempt.dispose();
       }
       if (signal.aborted) return;
       replica.mirror = undefined;
